@@ -208,7 +208,7 @@ def compare(
     runs_a: str,
     runs_b: str,
     *,
-    metrics: list[str] | None = None,
+    metrics: str | None = None,
     alpha: float = 0.05,
     output: str | None = None,
 ) -> None:
@@ -220,12 +220,13 @@ def compare(
     Args:
         runs_a: result JSON files of the first set: a directory, a glob pattern, or files separated by commas.
         runs_b: result JSON files of the second set, same forms.
-        metrics: metrics to compare (default: all that both sets report).
+        metrics: metrics to compare, separated by commas (default: all that both sets report).
         alpha: significance level marked in the table.
         output: also write the comparison as JSON to this file.
     """
     a, b = load_runs(runs_a), load_runs(runs_b)
-    comparisons = compare_runs(a, b, metrics=metrics)
+    names = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    comparisons = compare_runs(a, b, metrics=names)
     print(f"A: {runs_a} ({len(a)} runs)\n{format_summary(summarise(a))}\n")
     print(f"B: {runs_b} ({len(b)} runs)\n{format_summary(summarise(b))}\n")
     print(format_comparison(comparisons, alpha=alpha))

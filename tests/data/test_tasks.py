@@ -161,6 +161,37 @@ def test_glue_label_names_and_bom(tmp_path):
     assert e.label == get_task("mnli").labels.index("contradiction")  # gold_label, not label1
 
 
+# One header-less row per (task, number of columns): the columns of the GLUE files, with made-up content.
+HEADERLESS = [
+    ("qqp", "7\t1\t2\tHow old?\tWhat age?\t1", ("7", "How old?", "What age?", 1)),
+    ("qqp", "7\tHow old?\tWhat age?", ("7", "How old?", "What age?", None)),
+    (
+        "mnli",
+        "\t".join(["3", "p", "q", "fiction", "(", "(", "(", "(", "P.", "H.", "neutral", "neutral"]),
+        ("3", "P.", "H.", 1),
+    ),
+    (
+        "mnli",
+        "\t".join(
+            ["3", "p", "q", "g", "(", "(", "(", "(", "P.", "H.", *["neutral"] * 4, "x", "contradiction"]
+        ),
+        ("3", "P.", "H.", 2),
+    ),
+    ("mnli", "\t".join(["3", "p", "q", "g", "(", "(", "(", "(", "P.", "H."]), ("3", "P.", "H.", None)),
+    ("qnli", "4\tWhy?\tBecause.\tnot_entailment", ("4", "Why?", "Because.", 1)),
+    ("wnli", "5\tA.\tB.\t1", ("5", "A.", "B.", 1)),
+    ("rte", "6\tA.\tB.\tentailment", ("6", "A.", "B.", 0)),
+    ("mrpc", "1\t11\t12\tA.\tB.", ("x.tsv-1", "A.", "B.", 1)),
+    ("stsb", "\t".join(["9", "g", "f", "y", "0", "n", "n", "A.", "B.", "2.5"]), ("9", "A.", "B.", 2.5)),
+]
+
+
+@pytest.mark.parametrize("task, row, expected", HEADERLESS)
+def test_glue_headerless_layouts(tmp_path, task, row, expected):
+    (e,) = read_glue(write(tmp_path, "x.tsv", row + "\n"), task)
+    assert (e.guid, e.text, e.text_pair, e.label) == expected
+
+
 def test_glue_wrong_columns_names_file_and_line(tmp_path):
     path = write(tmp_path, "train.tsv", "sentence\tlabel\nok\t1\nbroken row\n\nfine\t0\n")
     with pytest.raises(MalformedRowError) as err:

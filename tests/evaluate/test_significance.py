@@ -110,7 +110,8 @@ def test_compare_command(tmp_path, capsys):
     from jsonargparse import CLI
 
     out_file = tmp_path / "cmp.json"
-    CLI({"compare": compare}, args=["compare", str(a), str(b), "--output", str(out_file)], as_positional=True)
+    args = ["compare", str(a), str(b), "--metrics", "accuracy", "--output", str(out_file)]
+    CLI({"compare": compare}, args=args, as_positional=True)
     text = capsys.readouterr().out
     assert "(5 runs)" in text and "accuracy" in text and "+0.0900" in text and "0.0079 *" in text
     (record,) = json.loads(out_file.read_text())
@@ -129,6 +130,8 @@ def test_compare_is_a_cli_subcommand(tmp_path, capsys):
     b = write_runs(tmp_path / "b", [0.3, 0.4])
     cli.main(["compare", str(a), str(b), "--alpha", "0.1"])
     assert "(* p < 0.1, two-sided)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="metric 'f1' missing from the runs of A"):
+        cli.main(["compare", str(a), str(b), "--metrics", "accuracy,f1"])
 
 
 def test_tables_are_readable():
