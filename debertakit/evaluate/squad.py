@@ -266,39 +266,33 @@ def _window_candidates(
     n_best: int,
     max_answer_length: int,
 ) -> list[SpanCandidate]:
-    """Top spans of one window: start and end among its `n_best` best context tokens each."""
+    """The `n_best` best spans of one window among all spans of 1..max_answer_length context tokens.
+
+    Every such span is scored (a band of the start x end score matrix, one diagonal per length), so the result
+    is exact, not limited to the best start and end tokens. Keeping only a window's own `n_best` loses nothing:
+    a span in an example's final n-best is also in the n-best of the window where it scores highest.
+    """
     valid = mask & np.array([o is not None for o in offsets], dtype=bool)
-    if not valid.any():
-        return []
-    masked_start = np.where(valid, start, -np.inf)
-    masked_end = np.where(valid, end, -np.inf)
-    k = min(n_best, int(valid.sum()))
-    starts = np.argsort(-masked_start, kind="stable")[:k]
-    ends = np.argsort(-masked_end, kind="stable")[:k]
+    n = len(start)
+    band = np.full((max_answer_length, n), -np.inf)  # band[d, i]: span of tokens i..i+d
+    for d in range(min(max_answer_length, n)):
+        ok = valid[: n - d] & valid[d:]
+        band[d, : n - d] = np.where(ok, start[: n - d] + end[d:], -np.inf)
+    flat = band.ravel()
+    top = np.argsort(-flat, kind="stable")[:n_best]
+    top = top[np.isfinite(flat[top])]
+    lengths, starts = np.divmod(top, n)
     out = []
-    for i in starts:
-        for j in ends:
-            if j < i or j - i + 1 > max_answer_length:
-                continue
-            char_start, char_end = int(offsets[i][0]), int(offsets[j][1])
-            if not 0 <= char_start <= char_end <= len(context):
-                raise ValueError(
-                    f"window {w}: offsets ({char_start}, {char_end}) of tokens {i}..{j} outside the context of "
-                    f"{len(context)} characters; expected offsets into the example's context"
-                )
-            score = float(start[i] + end[j])
-            out.append(
-                SpanCandidate(
-                    context[char_start:char_end],
-                    char_start,
-                    char_end,
-                    score,
-                    float(start[i]),
-                    float(end[j]),
-                    0.0,
-                    w,
-                )
+    for i, j in zip(starts.tolist(), (starts + lengths).tolist()):
+        char_start, char_end = int(offsets[i][0]), int(offsets[j][1])
+        if not 0 <= char_start <= char_end <= len(context):
+            raise ValueError(
+                f"window {w}: offsets ({char_start}, {char_end}) of tokens {i}..{j} outside the context of "
+                f"{len(context)} characters; expected offsets into the example's context"
             )
+        text = context[char_start:char_end]
+        score = float(start[i] + end[j])
+        out.append(SpanCandidate(text, char_start, char_end, score, float(start[i]), float(end[j]), 0.0, w))
     return out
 
 
@@ -325,9 +319,9 @@ def postprocess_qa(
 
     A long context is split into overlapping windows; each window has its own logits and an offset mapping
     (token -> (char_start, char_end) in the context). For every example, spans are collected over all its
-    windows: start and end among the `n_best` highest-scoring context tokens of a window, end >= start, at most
-    `max_answer_length` tokens; the score is start logit + end logit. Spans found in several windows (overlap)
-    are kept once, with their best score.
+    windows: every span of 1 to `max_answer_length` context tokens is scored by start logit + end logit (exactly,
+    not only the best start and end tokens), and the `n_best` best are kept. Spans found in several windows
+    (overlap) are kept once, with their best score.
 
     Args:
         start_logits: per window, a (L,) sequence of start logits (windows may differ in length).
@@ -337,7 +331,7 @@ def postprocess_qa(
             False); only these can start or end an answer.
         window_example: per window, the index of its example in `contexts`.
         contexts: the context string of each example.
-        n_best: number of start / end tokens tried per window and of candidates kept per example.
+        n_best: number of candidate spans kept per example.
         max_answer_length: longest answer, in tokens.
         null_index: token whose start + end logits score "no answer" (the [CLS] token, usually 0), for SQuAD
             v2.0; None never predicts "no answer" (v1.1).

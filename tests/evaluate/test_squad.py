@@ -231,6 +231,50 @@ def test_overlap_duplicates_kept_once_and_several_examples():
     assert texts.count("lazy dog") == 1 and preds[0].n_best[0].score == 6.0
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_n_best_equals_brute_force_over_all_spans(seed):
+    """Random logits over three overlapping windows: the n-best list equals the best spans found by trying every
+    (start, end) pair of context tokens in every window, each span counted once at its best score."""
+    rng = np.random.default_rng(seed)
+    wins = [window(0, 7), window(4, 11), window(8, 14)]
+    start = [rng.normal(size=len(o)) for o, _, _ in wins]
+    end = [rng.normal(size=len(o)) for o, _, _ in wins]
+    n_best, max_len = 5, 4
+    (pred,) = postprocess_qa(
+        start,
+        end,
+        [o for o, _, _ in wins],
+        [m for _, m, _ in wins],
+        [0, 0, 0],
+        [CONTEXT],
+        n_best=n_best,
+        max_answer_length=max_len,
+    )
+    best = {}
+    for w, (o, m, _) in enumerate(wins):
+        for i in range(len(o)):
+            for j in range(i, min(i + max_len, len(o))):
+                if m[i] and m[j]:
+                    key = (o[i][0], o[j][1])
+                    best[key] = max(best.get(key, -np.inf), start[w][i] + end[w][j])
+    expected = sorted(best.values(), reverse=True)[:n_best]
+    assert [c.score for c in pred.n_best] == pytest.approx(expected)
+    assert all(c.text == CONTEXT[c.start : c.end] for c in pred.n_best)
+
+
+def test_best_span_may_use_neither_the_best_start_nor_the_best_end():
+    # The 4 best start tokens (words 10..13) all come after the 4 best end tokens (words 0..3): no span pairs
+    # them. The best span is words 5..6 ("over the", 1 + 1), every other one scores -30 or less.
+    offsets, mask, shift = window(0, 14)
+    start = np.full(len(offsets), -50.0)
+    end = np.full(len(offsets), -50.0)
+    start[[shift + w for w in (10, 11, 12, 13)]] = 20.0
+    end[[shift + w for w in (0, 1, 2, 3)]] = 20.0
+    start[shift + 5] = end[shift + 6] = 1.0
+    (pred,) = postprocess_qa([start], [end], [offsets], [mask], [0], [CONTEXT], n_best=4, max_answer_length=5)
+    assert (pred.text, pred.score) == ("over the", 2.0)
+
+
 def test_postprocess_input_errors():
     offsets, mask, _ = window(0, 5)
     start = end = logits_for(len(offsets), {})
