@@ -18,8 +18,10 @@ from collections.abc import Callable
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
     from debertakit.demo import demo
+    from debertakit.evaluate.significance import compare
 
     return {
+        "compare": compare,
         "convert": convert,
         "demo": demo,
     }
