@@ -18,10 +18,12 @@ from collections.abc import Callable
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
     from debertakit.demo import demo
+    from debertakit.tokenization.commands import tokenizer_commands
 
     return {
         "convert": convert,
         "demo": demo,
+        "tokenizer": tokenizer_commands(),
     }
 
 
