@@ -19,12 +19,15 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
+    from debertakit.nlg import generate_command, perplexity_command
     from debertakit.tokenization.commands import tokenizer_commands
 
     return {
         "compare": compare,
         "convert": convert,
         "demo": demo,
+        "generate": generate_command,
+        "perplexity": perplexity_command,
         "tokenizer": tokenizer_commands(),
     }
 
