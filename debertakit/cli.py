@@ -17,11 +17,16 @@ from collections.abc import Callable
 
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
+    from debertakit.data.shards import prepare
     from debertakit.demo import demo
+    from debertakit.train.commands import plot, pretrain
 
     return {
         "convert": convert,
         "demo": demo,
+        "prepare": prepare,
+        "pretrain": pretrain,
+        "plot": plot,
     }
 
 
