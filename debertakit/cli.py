@@ -17,10 +17,12 @@ from collections.abc import Callable
 
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
+    from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.nlg import generate_command, perplexity_command
     from debertakit.tokenization.commands import tokenizer_commands
+    from debertakit.train.commands import plot, pretrain
 
     return {
         "compare": compare,
@@ -28,6 +30,9 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "demo": demo,
         "generate": generate_command,
         "perplexity": perplexity_command,
+        "plot": plot,
+        "prepare": prepare,
+        "pretrain": pretrain,
         "tokenizer": tokenizer_commands(),
     }
 
