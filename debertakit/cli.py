@@ -20,6 +20,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
+    from debertakit.experiments.runner import experiment_commands
     from debertakit.nlg import generate_command, perplexity_command
     from debertakit.tokenization.commands import tokenizer_commands
     from debertakit.train.commands import plot, pretrain
@@ -28,6 +29,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "compare": compare,
         "convert": convert,
         "demo": demo,
+        "experiment": experiment_commands(),
         "generate": generate_command,
         "perplexity": perplexity_command,
         "plot": plot,

@@ -22,21 +22,29 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from debertakit.objectives.losses import IGNORE_INDEX, masked_lm_loss
 
 MTSchedule = Literal["alternate", "mix"]
 
 
-def next_token_labels(input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-    """(B, N) labels: ``labels[:, i] = input_ids[:, i + 1]``; the last position and padding are ignored (-100)."""
+def next_token_labels(
+    input_ids: Tensor, attention_mask: Tensor | None = None, cu_seqlens: Tensor | None = None
+) -> Tensor:
+    """(B, N) labels: ``labels[:, i] = input_ids[:, i + 1]``; the last position and padding are ignored (-100),
+    and so is the last token of every sequence of a packed row (``cu_seqlens``: its successor is another
+    document)."""
     labels = torch.full_like(input_ids, IGNORE_INDEX)
     labels[:, :-1] = input_ids[:, 1:]
     if attention_mask is not None:
         nxt = torch.zeros_like(attention_mask, dtype=torch.bool)
         nxt[:, :-1] = attention_mask[:, 1:].bool()
         labels = labels.masked_fill(~(nxt & attention_mask.bool()), IGNORE_INDEX)
+    if cu_seqlens is not None:
+        ends = cu_seqlens[1:].long() - 1
+        labels[0, ends[ends < labels.shape[1]]] = IGNORE_INDEX
+        labels[0, int(cu_seqlens[-1]) :] = IGNORE_INDEX
     return labels
 
 
@@ -47,6 +55,7 @@ def causal_lm_logits(
     *,
     select: Tensor | None = None,
     use_emd: bool | None = None,
+    cu_seqlens: Tensor | None = None,
 ) -> Tensor:
     """Next-token logits of a masked-LM model run with the triangular mask.
 
@@ -56,11 +65,14 @@ def causal_lm_logits(
         attention_mask: (B, N) padding mask or None.
         select: (B, N) bool positions to decode (their logits are returned in row-major order) or None (all).
         use_emd: decode through the Enhanced Mask Decoder (default: the model's configuration).
+        cu_seqlens: packed rows (see `DebertaModel`).
 
     Returns:
         (B, N, V) logits, or (M, V) for the M selected positions. Row i predicts token i + 1.
     """
-    out = model.deberta(input_ids=input_ids, attention_mask=attention_mask, causal=True)
+    out = model.deberta(
+        input_ids=input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens, causal=True
+    )
     use_emd = model.cfg.emd_enabled if use_emd is None else use_emd
     if use_emd:
         if model.emd is None:
@@ -144,6 +156,85 @@ def mt_loss(
         b, mb = causal_lm_loss(model, lm_batch["input_ids"], lm_batch.get("attention_mask"))
         return a + lm_weight * b, {**ma, **mb}
     raise ValueError(f"unknown DeBERTa-MT schedule {schedule!r}; expected 'alternate' or 'mix'")
+
+
+# ---------------------------------------------------------------------------------------------------- training objectives
+class CausalLMObjective(nn.Module):
+    """Causal LM pretraining on the pretraining loop's batches: the unmasked rows (``original_ids``) with the
+    triangular mask. ``forward(batch)`` -> ``{"loss", "lm_loss", "lm_accuracy", "lm_targets"}``."""
+
+    kind = "causal"
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def lm(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        ids = batch.get("original_ids", batch["input_ids"])
+        labels = next_token_labels(ids, batch.get("attention_mask"), batch.get("cu_seqlens"))
+        select = labels != IGNORE_INDEX
+        logits = causal_lm_logits(
+            self.model, ids, batch.get("attention_mask"), select=select, cu_seqlens=batch.get("cu_seqlens")
+        )
+        target = labels[select]
+        loss = masked_lm_loss(logits, target)
+        with torch.no_grad():
+            acc = (logits.argmax(-1) == target).float().mean()
+        return {"loss": loss, "lm_loss": loss.detach(), "lm_accuracy": acc, "lm_targets": select.sum()}
+
+    def forward(
+        self, batch: Mapping[str, Tensor], generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        return self.lm(batch)
+
+    def parameter_groups(self) -> list[list[nn.Parameter]]:
+        return [list(self.model.parameters())]
+
+    def export(self) -> dict[str, nn.Module]:
+        return {"model": self.model}
+
+
+class MTObjective(CausalLMObjective):
+    """DeBERTa-MT on the pretraining loop's batches: MLM on the masked rows, causal LM on the same rows
+    unmasked, shared weights (UniLM style).
+
+    ``"alternate"``: training forwards alternate MLM, LM, MLM, ... (a counter kept in the state dict, so that a
+    resumed run continues the same sequence); one objective per forward, so a step costs what an MLM step
+    costs. ``"mix"``: ``mlm + lm_weight · lm`` on every batch. In evaluation both are computed and reported.
+    Training log lines report only the combined ``loss``.
+    """
+
+    kind = "mt"
+
+    def __init__(self, model: nn.Module, schedule: MTSchedule = "alternate", lm_weight: float = 1.0):
+        super().__init__(model)
+        if schedule not in ("alternate", "mix"):
+            raise ValueError(f"unknown DeBERTa-MT schedule {schedule!r}; expected 'alternate' or 'mix'")
+        self.schedule, self.lm_weight = schedule, lm_weight
+        self.register_buffer("forwards", torch.zeros((), dtype=torch.long))
+
+    def mlm(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        from debertakit.objectives.mlm import model_inputs
+
+        labels = batch["labels"]
+        out = self.model(input_ids=batch["input_ids"], labels=labels, **model_inputs(batch))
+        n = (labels != IGNORE_INDEX).sum()
+        with torch.no_grad():
+            acc = (out.logits.argmax(-1) == out.labels).float().sum() / n.clamp(min=1)
+        return {"loss": out.loss, "mlm_loss": out.loss.detach(), "mlm_accuracy": acc, "mlm_targets": n}
+
+    def forward(
+        self, batch: Mapping[str, Tensor], generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        if not self.training:
+            a, b = self.mlm(batch), self.lm(batch)
+            return {**a, **b, "loss": a["loss"] + self.lm_weight * b["loss"]}
+        if self.schedule == "mix":
+            a, b = self.mlm(batch), self.lm(batch)
+            return {"loss": a["loss"] + self.lm_weight * b["loss"]}
+        use_lm = int(self.forwards) % 2 == 1
+        self.forwards += 1
+        return {"loss": (self.lm(batch) if use_lm else self.mlm(batch))["loss"]}
 
 
 # ---------------------------------------------------------------------------------------------------- perplexity

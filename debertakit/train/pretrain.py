@@ -38,6 +38,7 @@ from debertakit.data.masking import MaskingConfig
 from debertakit.data.packing import PackedDataset, RowBatcher, vocabulary_of
 from debertakit.data.shards import ShardSet
 from debertakit.model.tasks import DebertaForMaskedLM, DebertaForReplacedTokenDetection
+from debertakit.objectives.causal import CausalLMObjective, MTObjective
 from debertakit.objectives.mlm import MaskedLMObjective
 from debertakit.objectives.rtd import ReplacedTokenDetectionObjective, generator_config
 from debertakit.train import checkpoint as ckpt
@@ -52,8 +53,13 @@ class PretrainConfig:
     Args:
         data: directory written by `debertakit prepare` (train shards, and valid shards for evaluation).
         out: run directory (checkpoints, metrics, final models).
-        objective: "rtd" (DeBERTa-v3: generator + discriminator) or "mlm" (DeBERTa v1/v2).
+        objective: "rtd" (DeBERTa-v3: generator + discriminator), "mlm" (DeBERTa v1/v2), "causal" (next-token
+            prediction with the triangular mask) or "mt" (DeBERTa-MT: MLM + causal LM, UniLM style).
         model: a DebertaConfig preset name (e.g. deberta-v3-base, small-v3, tiny-v3) or a DebertaConfig JSON.
+        variant: an ablation of the paper's Table 4 applied to the model (debertakit.experiments.VARIANTS:
+            full, no-emd, no-c2p, no-p2c, no-emd-c2p, no-emd-p2c, roberta); None = the model as given.
+        mt_schedule: DeBERTa-MT: "alternate" (MLM and LM batches in turn) or "mix" (both losses every batch).
+        lm_weight: DeBERTa-MT: weight of the LM loss with mt_schedule "mix".
         model_overrides: DebertaConfig fields to change; vocab_size and pad_token_id follow the tokenizer
             unless given here.
         generator_layers: generator depth (RTD); default half the discriminator's.
@@ -97,8 +103,11 @@ class PretrainConfig:
 
     data: str
     out: str = "runs/pretrain"
-    objective: Literal["rtd", "mlm"] = "rtd"
+    objective: Literal["rtd", "mlm", "causal", "mt"] = "rtd"
     model: str = "tiny-v3"
+    variant: str | None = None
+    mt_schedule: Literal["alternate", "mix"] = "alternate"
+    lm_weight: float = 1.0
     model_overrides: dict[str, Any] = field(default_factory=dict)
     generator_layers: int | None = None
     generator_overrides: dict[str, Any] = field(default_factory=dict)
@@ -150,7 +159,8 @@ class PretrainConfig:
         if self.stop_after is not None and self.stop_after < 1:
             raise ValueError(f"stop_after={self.stop_after} must be >= 1 or None")
         for name, allowed in (
-            ("objective", ("rtd", "mlm")),
+            ("objective", ("rtd", "mlm", "causal", "mt")),
+            ("mt_schedule", ("alternate", "mix")),
             ("sharing", ("gdes", "es", "none")),
             ("optimization", ("decoupled", "joint")),
             ("precision", ("auto", "fp32", "bf16", "fp16")),
@@ -158,6 +168,10 @@ class PretrainConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {list(allowed)}")
         MaskingConfig(self.mask_prob, max_span=self.max_span, whole_word=self.whole_word)  # validates
+        if self.variant is not None:
+            from debertakit.experiments.variants import get_variant
+
+            get_variant(self.variant)  # validates the name
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
@@ -171,6 +185,10 @@ def model_config(cfg: PretrainConfig, tokenizer: dict) -> DebertaConfig:
     if cfg.gradient_checkpointing:
         changes["gradient_checkpointing"] = True
     mcfg = base.replace(**changes)
+    if cfg.variant is not None:
+        from debertakit.experiments.variants import variant_config
+
+        mcfg = variant_config(mcfg, cfg.variant)
     if mcfg.vocab_size < tokenizer["vocab_size"]:
         raise ValueError(
             f"model vocab_size={mcfg.vocab_size} is smaller than the tokenizer's {tokenizer['vocab_size']}"
@@ -186,6 +204,10 @@ def model_config(cfg: PretrainConfig, tokenizer: dict) -> DebertaConfig:
 def build_objective(cfg: PretrainConfig, mcfg: DebertaConfig) -> nn.Module:
     if cfg.objective == "mlm":
         return MaskedLMObjective(DebertaForMaskedLM(mcfg))
+    if cfg.objective == "causal":
+        return CausalLMObjective(DebertaForMaskedLM(mcfg))
+    if cfg.objective == "mt":
+        return MTObjective(DebertaForMaskedLM(mcfg), cfg.mt_schedule, cfg.lm_weight)
     gcfg = generator_config(mcfg, cfg.generator_layers, **cfg.generator_overrides)
     return ReplacedTokenDetectionObjective(
         DebertaForMaskedLM(gcfg), DebertaForReplacedTokenDetection(mcfg), cfg.sharing, cfg.rtd_weight
@@ -254,37 +276,64 @@ def _num_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["cu_seqlens"][-1])
 
 
-SCALARS = ("loss", "mlm_loss", "mlm_accuracy", "rtd_loss", "rtd_accuracy", "replaced_fraction")
+SCALARS = (
+    "loss",
+    "mlm_loss",
+    "mlm_accuracy",
+    "rtd_loss",
+    "rtd_accuracy",
+    "replaced_fraction",
+    "lm_loss",
+    "lm_accuracy",
+)
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def evaluate(objective: nn.Module, batcher: RowBatcher, cfg: PretrainConfig, device, amp) -> dict[str, float]:
-    """Held-out MLM loss/accuracy (per target) and, for RTD, discriminator loss/accuracy/AUC (per token)."""
+    """Held-out MLM loss/accuracy (per target), causal-LM loss/accuracy/perplexity (per next-token target) and,
+    for RTD, discriminator loss/accuracy/AUC (per token)."""
     from sklearn.metrics import roc_auc_score
 
     was_training = objective.training
     objective.eval()
     rows = min(cfg.eval_rows, len(batcher.data))
     sampler = torch.Generator(device=device).manual_seed(cfg.seed)  # evaluation never touches training RNG
-    sums = {"mlm_loss": 0.0, "mlm_correct": 0.0, "targets": 0.0}
+    sums = {
+        "mlm_loss": 0.0,
+        "mlm_correct": 0.0,
+        "targets": 0.0,
+        "lm_loss": 0.0,
+        "lm_correct": 0.0,
+        "lm_targets": 0.0,
+    }
     scores, labels = [], []
     for start in range(0, rows, cfg.batch_size):
         batch = _to(batcher.batch(list(range(start, min(rows, start + cfg.batch_size)))), device)
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             out = objective(batch, generator=sampler)
-        n = float(out["mlm_targets"])
-        sums["mlm_loss"] += float(out["mlm_loss"]) * n
-        sums["mlm_correct"] += float(out["mlm_accuracy"]) * n
-        sums["targets"] += n
+        if "mlm_targets" in out:
+            n = float(out["mlm_targets"])
+            sums["mlm_loss"] += float(out["mlm_loss"]) * n
+            sums["mlm_correct"] += float(out["mlm_accuracy"]) * n
+            sums["targets"] += n
+        if "lm_targets" in out:
+            n = float(out["lm_targets"])
+            sums["lm_loss"] += float(out["lm_loss"]) * n
+            sums["lm_correct"] += float(out["lm_accuracy"]) * n
+            sums["lm_targets"] += n
         if "rtd_logits" in out:
             scores.append(out["rtd_logits"].float().cpu())
             labels.append(out["rtd_labels"].cpu())
     objective.train(was_training)
-    result = {
-        "mlm_loss": sums["mlm_loss"] / sums["targets"],
-        "mlm_accuracy": sums["mlm_correct"] / sums["targets"],
-    }
+    result = {}
+    if sums["targets"]:
+        result["mlm_loss"] = sums["mlm_loss"] / sums["targets"]
+        result["mlm_accuracy"] = sums["mlm_correct"] / sums["targets"]
+    if sums["lm_targets"]:
+        result["lm_loss"] = sums["lm_loss"] / sums["lm_targets"]
+        result["lm_accuracy"] = sums["lm_correct"] / sums["lm_targets"]
+        result["lm_perplexity"] = math.exp(result["lm_loss"])
     if scores:
         s, y = torch.cat(scores), torch.cat(labels)
         result["rtd_loss"] = float(torch.nn.functional.binary_cross_entropy_with_logits(s, y.float()))
