@@ -24,8 +24,10 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.nlg import generate_command, perplexity_command
     from debertakit.tokenization.commands import tokenizer_commands
     from debertakit.train.commands import plot, pretrain
+    from debertakit.viz.attention import attention_map
 
     return {
+        "attention-map": attention_map,
         "compare": compare,
         "convert": convert,
         "demo": demo,

@@ -418,36 +418,38 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"trained": trained, "skipped": skipped, "pending": pending, "figures": [str(p) for p in figures]}
 
 
-def _command(config: str, kind: str) -> dict[str, Any]:
-    cfg = ExperimentConfig.load(config)
-    summary = run_experiment(cfg)
-    print(
-        f"{kind}: trained {len(summary['trained'])}, skipped {len(summary['skipped'])} finished, "
-        f"{len(summary['pending'])} pending"
-    )
-    print((Path(cfg.out) / "results.md").read_text())
-    if summary["pending"]:
-        print("run the same command again to finish: " + ", ".join(summary["pending"]))
-    return summary
+def _run(kind: str):
+    def run(cfg: ExperimentConfig) -> dict[str, Any]:
+        summary = run_experiment(cfg)
+        print(
+            f"{kind}: trained {len(summary['trained'])}, skipped {len(summary['skipped'])} finished, "
+            f"{len(summary['pending'])} pending"
+        )
+        print((Path(cfg.out) / "results.md").read_text())
+        if summary["pending"]:
+            print("run the same command again to finish: " + ", ".join(summary["pending"]))
+        return summary
 
-
-def ablation(*, config: str) -> None:
-    """Train every ablation variant (DeBERTa Table 4) with several seeds and tabulate held-out metrics.
-
-    Args:
-        config: experiment YAML (e.g. configs/experiments/ablation-tiny.yaml). Run it again to resume.
-    """
-    _command(config, "ablation")
-
-
-def nlg(*, config: str) -> None:
-    """Causal LM vs DeBERTa-MT vs a RoBERTa-style model (DeBERTa Table 10): held-out next-token perplexity.
-
-    Args:
-        config: experiment YAML (e.g. configs/experiments/nlg-tiny.yaml). Run it again to resume.
-    """
-    _command(config, "nlg")
+    run.__name__ = kind
+    return run
 
 
 def experiment_commands() -> dict:
-    return {"ablation": ablation, "nlg": nlg}
+    """``debertakit experiment ablation|nlg --config FILE.yaml`` (the file holds `ExperimentConfig` fields at its
+    top level; any field can be overridden on the command line, e.g. ``--seeds [0]``)."""
+    from debertakit.train.commands import _flat_command
+
+    return {
+        "ablation": _flat_command(
+            ExperimentConfig,
+            _run("ablation"),
+            "Train every ablation variant (DeBERTa Table 4) with several seeds on the same shards and budget; "
+            "tabulate held-out metrics with significance tests against the reference. Run again to resume.",
+        ),
+        "nlg": _flat_command(
+            ExperimentConfig,
+            _run("nlg"),
+            "Causal LM, DeBERTa-MT and a RoBERTa-style causal LM (DeBERTa Table 10) with several seeds: held-out "
+            "next-token perplexity with significance tests. Run again to resume.",
+        ),
+    }
