@@ -19,11 +19,13 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
+    from debertakit.tokenization.commands import tokenizer_commands
 
     return {
         "compare": compare,
         "convert": convert,
         "demo": demo,
+        "tokenizer": tokenizer_commands(),
     }
 
 
