@@ -17,15 +17,20 @@ from collections.abc import Callable
 
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
+    from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.tokenization.commands import tokenizer_commands
+    from debertakit.train.commands import plot, pretrain
 
     return {
         "compare": compare,
         "convert": convert,
         "demo": demo,
         "tokenizer": tokenizer_commands(),
+        "prepare": prepare,
+        "pretrain": pretrain,
+        "plot": plot,
     }
 
 
