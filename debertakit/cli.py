@@ -20,8 +20,9 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
+    from debertakit.predict import predict
     from debertakit.tokenization.commands import tokenizer_commands
-    from debertakit.train.commands import plot, pretrain
+    from debertakit.train.commands import _finetune_command, plot, pretrain
 
     return {
         "compare": compare,
@@ -31,6 +32,8 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "prepare": prepare,
         "pretrain": pretrain,
         "plot": plot,
+        "finetune": _finetune_command(),
+        "predict": predict,
     }
 
 
@@ -43,8 +46,35 @@ def _normalise_option_names(argv: list[str]) -> list[str]:
     return out
 
 
+def _bool_options(command: Callable) -> set[str]:
+    import inspect
+
+    return {
+        name
+        for name, p in inspect.signature(command).parameters.items()
+        if p.annotation in (bool, "bool") and p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _expand_switches(argv: list[str], commands: dict) -> list[str]:
+    """A boolean option given alone is a switch: `finetune --sift --lr 1e-4` -> `--sift true --lr 1e-4`."""
+    command = commands.get(argv[0]) if argv else None
+    if not callable(command):
+        return argv
+    flags = _bool_options(command)
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("--") and arg[2:] in flags and (nxt is None or nxt.startswith("--")):
+            out.append("true")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from jsonargparse import CLI
 
+    commands = _commands()
     argv = _normalise_option_names(list(sys.argv[1:] if argv is None else argv))
-    CLI(_commands(), args=argv, as_positional=True, prog="debertakit")
+    argv = _expand_switches(argv, commands)
+    CLI(commands, args=argv, as_positional=True, prog="debertakit")
