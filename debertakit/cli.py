@@ -22,8 +22,9 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.evaluate.significance import compare
     from debertakit.experiments.runner import experiment_commands
     from debertakit.nlg import generate_command, perplexity_command
+    from debertakit.predict import predict
     from debertakit.tokenization.commands import tokenizer_commands
-    from debertakit.train.commands import plot, pretrain
+    from debertakit.train.commands import _finetune_command, plot, pretrain
     from debertakit.viz.attention import attention_map
 
     return {
@@ -32,9 +33,11 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "convert": convert,
         "demo": demo,
         "experiment": experiment_commands(),
+        "finetune": _finetune_command(),
         "generate": generate_command,
         "perplexity": perplexity_command,
         "plot": plot,
+        "predict": predict,
         "prepare": prepare,
         "pretrain": pretrain,
         "tokenizer": tokenizer_commands(),
@@ -50,8 +53,35 @@ def _normalise_option_names(argv: list[str]) -> list[str]:
     return out
 
 
+def _bool_options(command: Callable) -> set[str]:
+    import inspect
+
+    return {
+        name
+        for name, p in inspect.signature(command).parameters.items()
+        if p.annotation in (bool, "bool") and p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def _expand_switches(argv: list[str], commands: dict) -> list[str]:
+    """A boolean option given alone is a switch: `finetune --sift --lr 1e-4` -> `--sift true --lr 1e-4`."""
+    command = commands.get(argv[0]) if argv else None
+    if not callable(command):
+        return argv
+    flags = _bool_options(command)
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("--") and arg[2:] in flags and (nxt is None or nxt.startswith("--")):
+            out.append("true")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     from jsonargparse import CLI
 
+    commands = _commands()
     argv = _normalise_option_names(list(sys.argv[1:] if argv is None else argv))
-    CLI(_commands(), args=argv, as_positional=True, prog="debertakit")
+    argv = _expand_switches(argv, commands)
+    CLI(commands, args=argv, as_positional=True, prog="debertakit")

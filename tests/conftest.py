@@ -25,3 +25,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def task_tokenizer_dir(tmp_path_factory) -> Path:
+    """A small SentencePiece vocabulary trained on WikiText-2 (for featurisation and fine-tuning tests)."""
+    corpus = SHARED_DATA / "text" / "wikitext-2-valid.txt"
+    if not corpus.exists():
+        pytest.skip(f"shared data file {corpus} is absent")
+    from debertakit.tokenization import train_tokenizer
+
+    out = tmp_path_factory.mktemp("task_spm")
+    train_tokenizer([corpus], 2000, "spm", out, progress=False, max_sentences=2000)
+    return out
+
+
+@pytest.fixture(scope="session")
+def task_tokenizer(task_tokenizer_dir):
+    from debertakit import load_tokenizer
+
+    return load_tokenizer(task_tokenizer_dir)

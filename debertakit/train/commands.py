@@ -69,3 +69,45 @@ def plot(run_dir: str, *, out: str | None = None) -> None:
     from debertakit.viz.curves import plot_curves
 
     print(plot_curves(run_dir, out))
+
+
+def _run_finetune(cfg) -> None:
+    from debertakit.train.finetune import finetune, finetune_seeds
+
+    if cfg.seeds is None:
+        result = finetune(cfg)
+        if result.get("stopped"):
+            print(f"stopped at step {result['step']}; run the same command again to resume")
+            return
+        print(
+            f"best dev ({result['main_metric']} at step {result['best_step']}): "
+            + json.dumps(_rounded(result["metrics"]))
+        )
+        print(f"model: {result['best_model']}")
+        return
+    result = finetune_seeds(cfg)
+    if result.get("stopped"):
+        print(
+            f"stopped at step {result['step']} of seed {result['seed']}; run the same command again to resume"
+        )
+        return
+    for r in result["runs"]:
+        print(f"seed {r['seed']}: " + json.dumps(_rounded(r["metrics"])))
+    print(result["table"])
+    print(f"run files: {cfg.out}/runs (compare two sets with `debertakit compare A/runs B/runs`)")
+
+
+def _rounded(metrics: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
+
+
+def _finetune_command():
+    from debertakit.train.finetune import FinetuneConfig
+
+    return _flat_command(
+        FinetuneConfig,
+        _run_finetune,
+        "Fine-tune a DeBERTa model on a task (GLUE, SQuAD, NER, multiple choice, your own CSV/JSONL) with the "
+        "paper's recipe; keeps the best dev checkpoint; resumes from the run's latest checkpoint; --seeds 1,2,3 "
+        "runs several seeds and summarises them.",
+    )
