@@ -6,6 +6,7 @@ Layout of the experiment directory (``out`` in the config)::
     tokenizer/, shards/          built from ``corpus`` when the config gives no ``data`` (resumable)
     runs/NAME/seed-S/            one pretraining run each (checkpoints, metrics.jsonl, final/ models)
     runs/NAME/seed-S/result.json written last: a run with it is finished and skipped next time
+    runs/NAME/seed-S/finetune-T/ a fine-tuning run of the pretrained model on task T (its own result.json)
     results.json, results.md     the table: mean ± std over seeds, difference to the reference, Welch and
                                  Mann-Whitney p-values (`debertakit.evaluate.significance.compare_runs`)
     figures/*.png                bars per metric, mean training curves per variant
@@ -15,8 +16,11 @@ latest checkpoint (the pretraining loop's exact resume); the table is rebuilt fr
 
 Evaluation per run: the pretraining loop's held-out metrics at the end (MLM loss/accuracy; for causal and MT
 runs the next-token loss, accuracy and perplexity; for RTD runs the *generator's* MLM metrics and the
-discriminator's RTD metrics) and, when ``probe`` is configured, a linear probe: logistic regression on the
-frozen mean-pooled last hidden states of a GLUE sentence task (the discriminator's, for RTD runs).
+discriminator's RTD metrics); when ``probe`` is configured, a linear probe: logistic regression on the
+frozen mean-pooled last hidden states of a GLUE sentence task; when ``finetune`` is configured, one fine-tuning
+run per task (`debertakit.train.finetune`, resumable too) whose dev metrics join the table as ``T_metric``.
+RTD runs are probed and fine-tuned through their discriminator. Evaluations added to the config later are run
+for the runs already finished.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class ExperimentConfig:
         valid_fraction: held-out share of the corpus.
         metrics: metrics of the table (default: every metric the runs report).
         probe: optional linear probe.
+        finetune: optional fine-tuning tasks: ``{name: {FinetuneConfig fields: task, train, dev, ...}}``.
         stop_after_runs: train at most this many runs in this invocation (resume later).
     """
 
@@ -81,6 +86,7 @@ class ExperimentConfig:
     valid_fraction: float = 0.05
     metrics: list[str] | None = None
     probe: dict[str, Any] | None = None
+    finetune: dict[str, dict[str, Any]] | None = None
     stop_after_runs: int | None = None
 
     def specs(self) -> list[RunSpec]:
@@ -157,8 +163,7 @@ def train_run(cfg: ExperimentConfig, spec: RunSpec, seed: int, data: str) -> dic
         return None
     metrics = dict(result.get("eval", {}))
     if cfg.probe:
-        model_dir = result["models"].get("discriminator") or result["models"]["model"]
-        metrics.update(linear_probe(model_dir, ProbeConfig(**cfg.probe), seed))
+        metrics.update(linear_probe(_encoder_dir(d), ProbeConfig(**cfg.probe), seed))
     out = {
         "name": spec.name,
         "variant": spec.variant,
@@ -168,6 +173,28 @@ def train_run(cfg: ExperimentConfig, spec: RunSpec, seed: int, data: str) -> dic
     }
     atomic_write_text(d / "result.json", json.dumps(out, indent=2) + "\n")
     return out
+
+
+def _encoder_dir(d: Path) -> str:
+    """The model a run hands to downstream tasks: the discriminator of an RTD run, else the model."""
+    disc = d / "final" / "discriminator"
+    return str(disc if disc.is_dir() else d / "final" / "model")
+
+
+def finetune_run(cfg: ExperimentConfig, spec: RunSpec, seed: int, task: str) -> dict[str, float] | None:
+    """Fine-tune a finished run's model on one configured task (resumes; a finished one is read back)."""
+    from debertakit.train.finetune import FinetuneConfig, finetune
+
+    out = run_dir(cfg, spec, seed) / f"finetune-{task}"
+    if not (out / "result.json").exists():
+        options = {"progress": False, **cfg.finetune[task]}
+        result = finetune(
+            FinetuneConfig(model=_encoder_dir(run_dir(cfg, spec, seed)), out=str(out), seed=seed, **options)
+        )
+        if result.get("stopped"):
+            return None
+    result = json.loads((out / "result.json").read_text())
+    return {f"{task}_{k}": v for k, v in result["metrics"].items() if isinstance(v, (int, float))}
 
 
 def _read_sentences(path: str, limit: int | None) -> tuple[list[str], list[int]]:
@@ -219,12 +246,20 @@ def linear_probe(model_dir: str, probe: ProbeConfig, seed: int) -> dict[str, flo
 
 # ---------------------------------------------------------------------------------------------------- the table
 def collect(cfg: ExperimentConfig, specs: list[RunSpec]) -> dict[str, list[dict[str, float]]]:
+    """Metrics of every finished run (pretraining result + finished fine-tuning results)."""
     runs: dict[str, list[dict[str, float]]] = {}
     for spec in specs:
         for seed in cfg.seeds:
-            path = run_dir(cfg, spec, seed) / "result.json"
-            if path.exists():
-                runs.setdefault(spec.name, []).append(json.loads(path.read_text())["metrics"])
+            d = run_dir(cfg, spec, seed)
+            if not (d / "result.json").exists():
+                continue
+            metrics = dict(json.loads((d / "result.json").read_text())["metrics"])
+            for task in cfg.finetune or {}:
+                path = d / f"finetune-{task}" / "result.json"
+                if path.exists():
+                    res = json.loads(path.read_text())["metrics"]
+                    metrics.update({f"{task}_{k}": v for k, v in res.items() if isinstance(v, (int, float))})
+            runs.setdefault(spec.name, []).append(metrics)
     return runs
 
 
@@ -406,6 +441,13 @@ def run_experiment(cfg: ExperimentConfig) -> dict[str, Any]:
                 pending.append(key)
             else:
                 trained.append(key)
+    for seed in cfg.seeds:  # downstream tasks of every finished run (also runs finished by an earlier call)
+        for spec in specs:
+            if not (run_dir(cfg, spec, seed) / "result.json").exists():
+                continue
+            for task in cfg.finetune or {}:
+                if finetune_run(cfg, spec, seed, task) is None:
+                    pending.append(f"{spec.name}/seed-{seed}/finetune-{task}")
     out = Path(cfg.out)
     table = build_table(cfg, specs)
     atomic_write_text(out / "results.json", json.dumps(table, indent=2) + "\n")

@@ -52,7 +52,7 @@ def _result(tmp_path, name, seed):
     return json.loads((tmp_path / "exp" / "runs" / name / f"seed-{seed}" / "result.json").read_text())
 
 
-def test_runner_stops_resumes_skips_and_tabulates(tmp_path, corpus, capsys):
+def test_runner_stops_resumes_skips_and_tabulates(tmp_path, corpus, shared_data, capsys):
     # 1. every run stops half-way: nothing is finished, each has a checkpoint at step 2
     s = run_experiment(_config(tmp_path, corpus, stop_after=2))
     assert s["trained"] == [] and len(s["pending"]) == 4
@@ -80,6 +80,25 @@ def test_runner_stops_resumes_skips_and_tabulates(tmp_path, corpus, capsys):
     run_experiment(fresh)
     again = json.loads((tmp_path / "fresh" / "runs" / "full" / "seed-0" / "result.json").read_text())
     assert again["metrics"] == pytest.approx(_result(tmp_path, "full", 0)["metrics"], rel=1e-5)
+    # a fine-tuning task added later runs for the finished run and joins its row
+    fresh.finetune = {
+        "sst2": {
+            "task": "sst2",
+            "train": str(shared_data / "glue" / "SST-2" / "dev.tsv"),
+            "dev": str(shared_data / "glue" / "SST-2" / "dev.tsv"),
+            "train_limit": 16,
+            "dev_limit": 16,
+            "max_length": 32,
+            "max_steps": 2,
+            "batch_size": 8,
+            "num_threads": 1,
+        }
+    }
+    fresh.metrics = None
+    s2 = run_experiment(fresh)
+    assert s2["skipped"] == ["full/seed-0"] and not s2["pending"]
+    row = json.loads((tmp_path / "fresh" / "results.json").read_text())["rows"][0]
+    assert 0.0 <= row["metrics"]["sst2_accuracy"]["mean"] <= 1.0 and "mlm_loss" in row["metrics"]
     # the table and the figures
     table = json.loads((tmp_path / "exp" / "results.json").read_text())
     rows = {r["name"]: r for r in table["rows"]}
