@@ -102,6 +102,15 @@ def draw_attention_maps(
     return out, stats
 
 
+def _label(path: Path) -> str:
+    """A short name for a model directory: ``RUN/seed-0`` for ``.../RUN/seed-0/final/model``."""
+    parts = path.parts
+    if "final" in parts:
+        i = len(parts) - 1 - parts[::-1].index("final")
+        return "/".join(parts[max(i - 2, 0) : i])
+    return path.name
+
+
 def attention_map(
     *,
     model: Path,
@@ -138,14 +147,7 @@ def attention_map(
             raise ValueError(
                 f"the text has {ids.shape[1]} tokens; {path} places at most {net.cfg.max_position_embeddings}"
             )
-        rows.append(
-            MapInput(
-                Path(path).name if Path(path).name not in ("model", "discriminator") else str(path),
-                net,
-                ids,
-                tok.convert_ids_to_tokens(ids[0].tolist()),
-            )
-        )
+        rows.append(MapInput(_label(Path(path)), net, ids, tok.convert_ids_to_tokens(ids[0].tolist())))
     png, stats = draw_attention_maps(rows, out, layer=layer, head=head, causal=causal)
     for row, s in zip(rows, stats):
         print(f"{row.label}: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()))
