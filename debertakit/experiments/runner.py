@@ -37,11 +37,13 @@ from debertakit.convert.checkpoint import atomic_write_text
 
 @dataclass
 class RunSpec:
-    """One row of the table: a name, an ablation variant and a training objective."""
+    """One row of the table: a name, an ablation variant, a training objective and, rarely, its own
+    pretraining options (e.g. more steps), which override the shared ones."""
 
     name: str
     variant: str = "full"
     objective: str | None = None  # None: the variant's own (mlm, or rtd for the "rtd" variant)
+    pretrain: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class ExperimentConfig:
 
     Args:
         out: experiment directory.
-        runs: the rows: variant names (``full``, ``no-c2p``, ...) or ``{name, variant, objective}``.
+        runs: the rows: variant names (``full``, ``no-c2p``, ...) or ``{name, variant, objective, pretrain}``.
         seeds: one run per seed and row.
         reference: the row every other is compared with.
         pretrain: `PretrainConfig` fields shared by every run (model, sizes, steps, learning rate, ...).
@@ -154,7 +156,7 @@ def train_run(cfg: ExperimentConfig, spec: RunSpec, seed: int, data: str) -> dic
     variant = get_variant(spec.variant)
     objective = spec.objective or variant.objective
     d = run_dir(cfg, spec, seed)
-    options = {"progress": False, "tensorboard": False, **cfg.pretrain}
+    options = {"progress": False, "tensorboard": False, **cfg.pretrain, **spec.pretrain}
     pcfg = PretrainConfig(
         data=data, out=str(d), objective=objective, variant=spec.variant, seed=seed, **options
     )

@@ -126,7 +126,12 @@ def test_config_files_load_and_name_known_variants():
         from debertakit.train.pretrain import PretrainConfig
 
         for spec in specs:
-            PretrainConfig(data="x", objective=spec.objective or "mlm", variant=spec.variant, **cfg.pretrain)
+            PretrainConfig(
+                data="x",
+                objective=spec.objective or "mlm",
+                variant=spec.variant,
+                **{**cfg.pretrain, **spec.pretrain},
+            )
 
 
 def test_bad_config_is_named(tmp_path):
