@@ -11,6 +11,8 @@ PANELS = (
     ("mlm_accuracy", "MLM accuracy"),
     ("rtd_accuracy", "RTD accuracy"),
     ("rtd_auc", "RTD AUC (held out)"),
+    ("lm_loss", "causal LM loss"),
+    ("lm_perplexity", "causal LM perplexity (held out)"),
     ("lr", "learning rate"),
 )
 
