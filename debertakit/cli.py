@@ -18,11 +18,15 @@ from collections.abc import Callable
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
     from debertakit.demo import demo
+    from debertakit.evaluate.significance import compare
+    from debertakit.inference.fill_mask import fill_mask_command
     from debertakit.tokenization.commands import tokenizer_commands
 
     return {
+        "compare": compare,
         "convert": convert,
         "demo": demo,
+        "fill-mask": fill_mask_command,
         "tokenizer": tokenizer_commands(),
     }
 

@@ -1,0 +1,22 @@
+"""Disentangled attention: the relative-position spec, masks/geometry, and the backends behind one signature."""
+
+from debertakit.attention.eager import PositionTerms, eager_attention, score_components
+from debertakit.attention.geometry import Geometry, packed_geometry
+from debertakit.attention.registry import Backend, Request, available_backends, get_backend, register
+from debertakit.attention.relative import RelativeIndex, log_bucket, scale_for
+
+__all__ = [
+    "Backend",
+    "Geometry",
+    "PositionTerms",
+    "RelativeIndex",
+    "Request",
+    "available_backends",
+    "eager_attention",
+    "get_backend",
+    "log_bucket",
+    "packed_geometry",
+    "register",
+    "scale_for",
+    "score_components",
+]

@@ -1,0 +1,116 @@
+"""Who may attend to whom, and at which relative distance: one object built per forward, shared by all layers.
+
+Padded batches, packed (padding-free) batches and explicit masks all become a `Geometry`:
+
+* ``key_mask`` (B, Nk) bool: keys that may be attended at all (padding is False).
+* ``q_segments`` / ``k_segments`` (B, N) int: packed sequence ids; a query sees only keys of its own segment.
+* ``q_positions`` / ``k_positions`` (B, N) int64: position of each token inside its own sequence; relative
+  distances are ``q_positions[i] - k_positions[j]``. None means ``arange(N)``.
+* ``dense`` (B, 1 or H, Nq, Nk) bool: an explicit attention mask given by the caller (3-D / 4-D masks).
+* ``causal``: keys after the query (by position, within its sequence) are hidden.
+
+Queries whose every key is hidden (padding rows of a packed batch, say) produce zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Geometry:
+    key_mask: Tensor | None = None
+    q_segments: Tensor | None = None
+    k_segments: Tensor | None = None
+    q_positions: Tensor | None = None
+    k_positions: Tensor | None = None
+    dense: Tensor | None = None
+    causal: bool = False
+    cu_seqlens: Tensor | None = None  # packed batches: (S + 1,) int32 offsets into the single row
+    max_seqlen: int | None = None  # packed batches: the longest sequence
+
+    def positions(self, n_q: int, n_k: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(Bq|1, Nq) and (Bk|1, Nk) int64 positions."""
+        qp = self.q_positions if self.q_positions is not None else torch.arange(n_q, device=device)[None]
+        kp = self.k_positions if self.k_positions is not None else torch.arange(n_k, device=device)[None]
+        return qp, kp
+
+    def relative_distance(self, n_q: int, n_k: int, device: torch.device) -> Tensor:
+        """(B|1, Nq, Nk) int64 distances ``i - j``."""
+        qp, kp = self.positions(n_q, n_k, device)
+        return qp[:, :, None] - kp[:, None, :]
+
+    def allowed(self, n_q: int, n_k: int, device: torch.device) -> Tensor | None:
+        """(B|1, 1|H, Nq, Nk) bool: True where query i may attend key j; None when everything is allowed."""
+        allowed = None
+
+        def both(m: Tensor) -> Tensor:
+            return m if allowed is None else allowed & m
+
+        if self.key_mask is not None:
+            allowed = both(self.key_mask[:, None, None, :].bool())
+        if self.q_segments is not None:
+            allowed = both((self.q_segments[:, :, None] == self.k_segments[:, None, :])[:, None])
+        if self.causal:
+            qp, kp = self.positions(n_q, n_k, device)
+            allowed = both((kp[:, None, :] <= qp[:, :, None])[:, None])
+        if self.dense is not None:
+            allowed = both(self.dense.bool())
+        return allowed
+
+    def max_distance(self, n_q: int, n_k: int) -> int:
+        """An upper bound of |i - j| over all pairs that may attend each other."""
+        if self.max_seqlen is not None:
+            return self.max_seqlen - 1
+        return max(n_q, n_k) - 1
+
+
+def packed_geometry(cu_seqlens: Tensor, total: int, causal: bool = False) -> tuple[Geometry, Tensor]:
+    """Geometry of one row holding sequences back to back, ``cu_seqlens = [0, n0, n0 + n1, ...]``.
+
+    Tokens after ``cu_seqlens[-1]`` (row padding) get segment -1 and are masked as keys.
+
+    Returns:
+        The geometry and the (1, T) positions inside each sequence (for absolute position embeddings).
+    """
+    cu = cu_seqlens.to(torch.long)
+    device = cu.device
+    lengths = cu[1:] - cu[:-1]
+    t = torch.arange(total, device=device)
+    seg = torch.bucketize(t, cu[1:], right=True)  # index of the sequence each token belongs to
+    real = t < cu[-1]
+    seg = torch.where(real, seg, torch.full_like(seg, -1))
+    pos = t - cu[torch.clamp(seg, min=0)]
+    pos = torch.where(real, pos, torch.zeros_like(pos))
+    geom = Geometry(
+        key_mask=real[None],
+        q_segments=seg[None],
+        k_segments=seg[None],
+        q_positions=pos[None],
+        k_positions=pos[None],
+        causal=causal,
+        cu_seqlens=cu_seqlens.to(torch.int32),
+        max_seqlen=int(lengths.max()) if lengths.numel() else 0,
+    )
+    return geom, pos[None]
+
+
+def validate_cu_seqlens(cu_seqlens: Tensor, total: int) -> None:
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be a 1-D tensor [0, n0, n0 + n1, ...] with at least 2 entries; got shape "
+            f"{tuple(cu_seqlens.shape)}"
+        )
+    if int(cu_seqlens[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0; got {int(cu_seqlens[0])}")
+    diffs = cu_seqlens[1:] - cu_seqlens[:-1]
+    if bool((diffs <= 0).any()):
+        bad = int((diffs <= 0).nonzero()[0])
+        raise ValueError(
+            f"cu_seqlens must be strictly increasing; entry {bad + 1} ({int(cu_seqlens[bad + 1])}) is not"
+        )
+    if int(cu_seqlens[-1]) > total:
+        raise ValueError(f"cu_seqlens[-1]={int(cu_seqlens[-1])} exceeds the {total} tokens of the packed row")

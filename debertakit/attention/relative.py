@@ -1,0 +1,111 @@
+"""Relative positions: from a distance i - j to a row of the relative-position table.
+
+Every backend indexes the projected relative table through `RelativeIndex`, so they all agree on the exact same
+rows (REFERENCE.md §2):
+
+* no buckets (v1): ``idx = clamp(i - j + k, 0, 2k - 1)``
+* log buckets (v2/v3): ``idx = clamp(bucket(i - j) + span, 0, 2 * span - 1)`` with the bucket function below.
+
+c2p and p2c use the same index, built from i - j (the released code does, not the paper's δ(j, i)).
+
+Because the index saturates beyond a distance ``saturation`` (about 511 for v2/v3, k for v1), it is stored as a
+small lookup table over ``[-saturation, saturation]``; far pairs clamp into the table's ends. Fast backends use the
+same table, and the saturation distance tells them where the position terms stop depending on the distance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+def log_bucket(delta: Tensor, bucket_size: int, max_position: int) -> Tensor:
+    """DeBERTa-v2 log buckets of relative distances, as Hugging Face computes them (float32 arithmetic).
+
+    Distances with ``|r| <= bucket_size // 2`` keep their value; larger ones grow logarithmically. There is no
+    clamp of ``|r|`` to ``max_position - 1`` before the log (the official repository clamps; the two differ only
+    beyond 512, where the table index saturates anyway except for one row on the left side).
+    """
+    sign = torch.sign(delta)
+    mid = bucket_size // 2
+    abs_pos = torch.where(
+        (delta < mid) & (delta > -mid), torch.tensor(mid - 1).type_as(delta), torch.abs(delta)
+    )
+    log_pos = (
+        torch.ceil(torch.log(abs_pos / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1))
+        + mid
+    )
+    return torch.where(abs_pos <= mid, delta.type_as(log_pos), log_pos * sign).to(torch.long)
+
+
+def _raw_index(delta: Tensor, span: int, bucket_size: int, max_position: int) -> Tensor:
+    if bucket_size > 0:
+        delta = log_bucket(delta, bucket_size, max_position)
+    return torch.clamp(delta + span, 0, 2 * span - 1)
+
+
+@dataclass(frozen=True)
+class RelativeIndex:
+    """Maps relative distances ``i - j`` to rows ``[0, 2 * span)`` of the relative table, minus ``offset``.
+
+    ``offset`` is set when only a window of the table is projected (`window`): backends then index rows of the
+    window directly.
+    """
+
+    span: int
+    bucket_size: int = 0
+    max_position: int = 0
+    offset: int = 0
+    lut: Tensor = field(init=False, repr=False, compare=False)
+    saturation: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        far = 4 * max(self.span, self.max_position, 1) + 8
+        deltas = torch.arange(-far, far + 1)
+        idx = _raw_index(deltas, self.span, self.bucket_size, self.max_position)
+        # smallest D such that idx is constant for all delta >= D and for all delta <= -D
+        right = idx[far:]  # delta = 0 .. far
+        left = idx[: far + 1].flip(0)  # delta = 0 .. -far
+        d_right = int((right != right[-1]).nonzero().max()) + 1 if (right != right[-1]).any() else 0
+        d_left = int((left != left[-1]).nonzero().max()) + 1 if (left != left[-1]).any() else 0
+        sat = max(d_right, d_left, 1)
+        object.__setattr__(self, "saturation", sat)
+        object.__setattr__(self, "lut", idx[far - sat : far + sat + 1] - self.offset)
+
+    @classmethod
+    def from_config(cls, cfg) -> RelativeIndex:
+        return cls(
+            span=cfg.rel_span, bucket_size=cfg.position_buckets, max_position=cfg.max_relative_positions
+        )
+
+    @property
+    def table_rows(self) -> int:
+        return 2 * self.span
+
+    def index(self, delta: Tensor) -> Tensor:
+        """Row (int64, relative to ``offset``) for every distance in ``delta`` (any shape, any integer dtype)."""
+        lut = self.lut.to(delta.device)
+        return lut[torch.clamp(delta, -self.saturation, self.saturation).long() + self.saturation]
+
+    def window(self, max_distance: int) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of the full table used by distances in ``[-max_distance, max_distance]``.
+
+        The index is monotone in the distance, so the used rows are contiguous; projecting only them is exact
+        and saves work for short inputs (a 1024-row v1 table for a 16-token input, say).
+        """
+        d = min(max_distance, self.saturation)
+        lo = int(self.lut[self.saturation - d]) + self.offset
+        hi = int(self.lut[self.saturation + d]) + self.offset + 1
+        return lo, hi
+
+    def shifted(self, lo: int) -> RelativeIndex:
+        """The same mapping, relative to a table window starting at full-table row ``lo``."""
+        return RelativeIndex(self.span, self.bucket_size, self.max_position, offset=lo)
+
+
+def scale_for(head_dim: int, scale_factor: int) -> float:
+    """1 / sqrt(d * sf) (REFERENCE.md §1), as a Python float so every backend uses the same value."""
+    return 1.0 / math.sqrt(head_dim * scale_factor)
