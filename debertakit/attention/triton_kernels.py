@@ -1,0 +1,416 @@
+"""Triton kernels of the `triton` backend: fused disentangled attention, forward and backward.
+
+Notation (one batch row ``b``, one head ``h``; see `eager_attention` for the spec):
+
+    s(i, j) = q_i·k_j · scale + ROW[i, idx(i, j)] + COL[j, idx(i, j)]
+
+``ROW = (Q Krᵀ + p2p bias) · scale`` (B, H, Nq, R) and ``COL = K Qrᵀ · scale`` (B, H, Nk, R) are the N×R products
+of the paper's Algorithm 1, computed once per call by the caller (cheap matmuls, linear in N). ``idx(i, j) =
+LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup table as every other backend
+(never recomputed from the log-bucket formula, whose float rounding would not be exact).
+
+Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is ``LUT[0]`` (left) or ``LUT[2·SAT]``
+(right) whatever the pair. A tile whose distances are all on one saturated side therefore needs one ROW value per
+query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
+Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
+
+Backward, without atomics and without N×N memory. Each pair's score gradient dS(i, j) must reach ROW[i, idx] and
+COL[j, idx]. Within one query row the visible keys have distinct positions (one sequence), so in *distance*
+space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
+block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums the saturated pairs of each side
+into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
+No cell is written twice, so plain stores suffice. The caller folds the (N, 2·SAT + 1) distance buffers into
+(N, R) table rows with one ``index_add`` over the LUT (exact) and finishes with matmuls.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_BIG = 1 << 30
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """a @ b, float32 result. PREC 0: tensor cores (16-bit inputs); 1: IEEE float32; 2: operands widened to
+    float32 first (Triton's CPU interpreter multiplies 16-bit floats wrongly; widening exact 16-bit values gives
+    the products a tensor core computes, accumulated in float32)."""
+    if PREC == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif PREC == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _tile(
+    q,
+    k,
+    qpos,
+    qpos_min,
+    qpos_max,
+    row_l,
+    row_r,
+    qseg,
+    offs_m,
+    m_in,
+    offs_n,
+    n_in,
+    bh,
+    b,
+    ROW,
+    COL,
+    LUT,
+    KPOS,
+    KSEG,
+    KMASK,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances."""
+    kpos = tl.load(KPOS + b * NK + offs_n, mask=n_in, other=0)
+    s = _mm(q, tl.trans(k), PREC) * scale
+    allowed = m_in[:, None] & n_in[None, :]
+    if HAS_KMASK:
+        km = tl.load(KMASK + b * NK + offs_n, mask=n_in, other=0)
+        allowed = allowed & (km != 0)[None, :]
+    if HAS_SEG:
+        kseg = tl.load(KSEG + b * NK + offs_n, mask=n_in, other=-1)
+        allowed = allowed & (qseg[:, None] == kseg[None, :])
+    if CAUSAL:
+        allowed = allowed & (kpos[None, :] <= qpos[:, None])
+    delta = qpos[:, None] - kpos[None, :]
+    if HAS_ROW or HAS_COL:
+        kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
+        kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
+        pos = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if qpos_min - kpos_max >= SAT:
+            # every pair saturated on the right: a row vector plus a column vector
+            if HAS_ROW:
+                pos += row_r[:, None]
+            if HAS_COL:
+                r_right = tl.load(LUT + 2 * SAT)
+                col_r = tl.load(COL + (bh * NK + offs_n).to(tl.int64) * R + r_right, mask=n_in, other=0.0)
+                pos += col_r[None, :]
+        elif qpos_max - kpos_min <= -SAT:
+            # every pair saturated on the left
+            if HAS_ROW:
+                pos += row_l[:, None]
+            if HAS_COL:
+                r_left = tl.load(LUT)
+                col_l = tl.load(COL + (bh * NK + offs_n).to(tl.int64) * R + r_left, mask=n_in, other=0.0)
+                pos += col_l[None, :]
+        else:
+            # the near band: gather through the lookup table
+            ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
+            if HAS_ROW:
+                row_ptr = ROW + (bh * NQ + offs_m).to(tl.int64)[:, None] * R + ridx
+                pos += tl.load(row_ptr, mask=allowed, other=0.0)
+            if HAS_COL:
+                col_ptr = COL + (bh * NK + offs_n).to(tl.int64)[None, :] * R + ridx
+                pos += tl.load(col_ptr, mask=allowed, other=0.0)
+        s = s + pos
+    s = tl.where(allowed, s, float("-inf"))
+    return s, allowed, delta
+
+
+@triton.jit
+def _query_block(
+    Q,
+    QPOS,
+    QSEG,
+    ROW,
+    LUT,
+    bh,
+    b,
+    pid_m,
+    NQ,
+    R,
+    SAT,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+):
+    """What a program needs about its block of query rows (also used for dO, which has Q's layout)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_in = offs_m < NQ
+    rows = (bh * NQ + offs_m).to(tl.int64)
+    q = tl.load(Q + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
+    qpos = tl.load(QPOS + b * NQ + offs_m, mask=m_in, other=0)
+    qpos_min = tl.min(tl.where(m_in, qpos, _BIG), 0)
+    qpos_max = tl.max(tl.where(m_in, qpos, -_BIG), 0)
+    if HAS_SEG:
+        qseg = tl.load(QSEG + b * NQ + offs_m, mask=m_in, other=-2)
+    else:
+        qseg = qpos
+    row_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_ROW:
+        # the two saturated rows of the table, once per program (far tiles need nothing else)
+        row_l = tl.load(ROW + rows * R + tl.load(LUT), mask=m_in, other=0.0)
+        row_r = tl.load(ROW + rows * R + tl.load(LUT + 2 * SAT), mask=m_in, other=0.0)
+    return offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
+
+
+@triton.jit
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    KV_LO,
+    KV_HI,
+    OUT,
+    LSE,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    )
+    # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
+    lo = tl.min(tl.load(KV_LO + b * NQ + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + b * NQ + offs_m, mask=m_in, other=0), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        cols = (bh * NK + offs_n).to(tl.int64)
+        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        s, allowed, delta = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
+        m_i = m_new
+
+    visible = l_i > 0.0
+    out = acc / tl.where(visible, l_i, 1.0)[:, None]  # rows with no visible key: zeros
+    tl.store(
+        OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=m_in[:, None]
+    )
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
+    tl.store(LSE + rows, lse, mask=m_in)
+
+
+@triton.jit
+def _dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    KV_LO,
+    KV_HI,
+    DQ,
+    DQ_DIST,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per query block: dQ (content part) and, if ROW is used, dS scattered into DQ_DIST."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    )
+    do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
+    lse = tl.load(LSE + rows, mask=m_in, other=float("inf"))
+    dlt = tl.load(DELTA + rows, mask=m_in, other=0.0)
+    lo = tl.min(tl.load(KV_LO + b * NQ + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + b * NQ + offs_m, mask=m_in, other=0), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    W = 2 * SAT + 1
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    far_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        cols = (bh * NK + offs_n).to(tl.int64)
+        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        s, allowed, delta = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
+        dp = _mm(do, tl.trans(v), PREC)
+        ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
+        dq += _mm(ds.to(k.dtype), k, PREC)
+        if HAS_ROW:
+            left = delta <= -SAT
+            right = delta >= SAT
+            far_l += tl.sum(tl.where(left, ds, 0.0), 1)
+            far_r += tl.sum(tl.where(right, ds, 0.0), 1)
+            near = allowed & (~left) & (~right)
+            if tl.max(near.to(tl.int32)) > 0:
+                tl.store(DQ_DIST + rows[:, None] * W + (delta + SAT), ds, mask=near)
+    tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], dq * scale, mask=m_in[:, None])
+    if HAS_ROW:
+        tl.store(DQ_DIST + rows * W, far_l, mask=m_in)
+        tl.store(DQ_DIST + rows * W + 2 * SAT, far_r, mask=m_in)
+
+
+@triton.jit
+def _dkv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    Q_LO,
+    Q_HI,
+    DK,
+    DV,
+    DK_DIST,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per key block: dK (content part), dV and, if COL is used, dS scattered into DK_DIST."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_in = offs_n < NK
+    cols = (bh * NK + offs_n).to(tl.int64)
+    k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+    v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+    lo = tl.min(tl.load(Q_LO + b * NK + offs_n, mask=n_in, other=_BIG), 0)
+    hi = tl.max(tl.load(Q_HI + b * NK + offs_n, mask=n_in, other=0), 0)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    W = 2 * SAT + 1
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    far_l = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start_m in range(lo, hi, BLOCK_M):
+        pid_m = start_m // BLOCK_M
+        offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+            Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+        )
+        do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
+        lse = tl.load(LSE + rows, mask=m_in, other=float("inf"))
+        dlt = tl.load(DELTA + rows, mask=m_in, other=0.0)
+        s, allowed, delta = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])
+        dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
+        dp = _mm(do, tl.trans(v), PREC)
+        ds = p * (dp - dlt[:, None])
+        dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
+        if HAS_COL:
+            left = delta <= -SAT
+            right = delta >= SAT
+            far_l += tl.sum(tl.where(left, ds, 0.0), 0)
+            far_r += tl.sum(tl.where(right, ds, 0.0), 0)
+            near = allowed & (~left) & (~right)
+            if tl.max(near.to(tl.int32)) > 0:
+                tl.store(DK_DIST + cols[None, :] * W + (delta + SAT), ds, mask=near)
+    tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk * scale, mask=n_in[:, None])
+    tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv, mask=n_in[:, None])
+    if HAS_COL:
+        tl.store(DK_DIST + cols * W, far_l, mask=n_in)
+        tl.store(DK_DIST + cols * W + 2 * SAT, far_r, mask=n_in)
