@@ -216,6 +216,7 @@ def _bwd_op(
             dk, dv, dk_dist if dk_dist is not None else dummy.float(),
             H, NQ, NK, R, sat, scale, **common,
         )  # fmt: skip
+        del row, col, tables  # free the N×R tables before the N×R row gradients are built
         dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
         dpos_k = torch.zeros_like(pos_k, dtype=torch.float32) if pos_k is not None else q.new_empty(0)
         lut_long = lut.long()
@@ -319,9 +320,10 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
         seg = geom.q_segments.to(torch.int64).expand(B, NQ)
         real = seg >= 0
         s = seg.clamp(min=0)
-        start = torch.where(real, cu[s], 0)
-        end = torch.where(real, cu[s + 1], 0)  # padding rows of the packed batch: nothing to see
-        kv_lo, kv_hi, q_lo, q_hi = start, end, start, end
+        # padding tokens of the packed row see nothing and are seen by nothing: empty ranges [N, 0), which
+        # also leave the block-wide min / max of their neighbours alone
+        kv_lo, kv_hi = torch.where(real, cu[s], NK), torch.where(real, cu[s + 1], 0)
+        q_lo, q_hi = torch.where(real, cu[s], NQ), torch.where(real, cu[s + 1], 0)
     default_positions = geom.q_positions is None and geom.k_positions is None
     if geom.causal and NQ == NK and (packed or default_positions):
         idx = torch.arange(NQ, device=device)[None]
@@ -334,8 +336,8 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
         last = torch.where(km, col, -1).max(-1, keepdim=True).values + 1
         kv_lo = torch.maximum(kv_lo, first)
         kv_hi = torch.minimum(kv_hi, last)
-        q_hi = torch.where(km, q_hi, 0)  # hidden keys: no query block to visit
-        q_lo = torch.where(km, q_lo, 0)
+        q_lo = torch.where(km, q_lo, NQ)  # hidden keys: no query block to visit
+        q_hi = torch.where(km, q_hi, 0)
     return tuple(x.to(torch.int32).contiguous() for x in (kv_lo, kv_hi, q_lo, q_hi))
 
 
