@@ -314,3 +314,38 @@ def test_long_sequence_runs_gpu():
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
     assert torch.cuda.max_memory_allocated() < 16 * 2**30  # an N×N fp32 score matrix alone would be 192 GiB
+
+
+# ------------------------------------------------------------------------------------------ GPU benchmark
+def _benchmark_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_gpu.py"
+    spec = importlib.util.spec_from_file_location("attention_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_gpu_benchmark_refuses_to_run_without_cuda(tmp_path, capsys):
+    out = tmp_path / "attention_gpu.json"
+    assert _benchmark_module().main(["--out", str(out)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
+    import json
+
+    out = tmp_path / "smoke.json"
+    assert (
+        _benchmark_module().main(["--smoke", "--sections", "attention", "--lengths", "16", "--out", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"triton", "eager", "sdpa (no position terms)"} <= impls
+    assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in ("triton", "eager"))
