@@ -80,7 +80,8 @@ def _tile(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances."""
+    """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances; whether
+    the whole tile lies beyond the saturation on the left / on the right."""
     kpos = tl.load(KPOS + b * NK + offs_n, mask=n_in, other=0)
     s = _mm(q, tl.trans(k), PREC) * scale
     allowed = m_in[:, None] & n_in[None, :]
@@ -93,20 +94,21 @@ def _tile(
     if CAUSAL:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
     delta = qpos[:, None] - kpos[None, :]
+    kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
+    kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
+    far_right = qpos_min - kpos_max >= SAT  # every pair of the tile saturated on the right
+    far_left = qpos_max - kpos_min <= -SAT  # ... on the left
     if HAS_ROW or HAS_COL:
-        kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
-        kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
         pos = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if qpos_min - kpos_max >= SAT:
-            # every pair saturated on the right: a row vector plus a column vector
+        if far_right:
+            # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
                 pos += row_r[:, None]
             if HAS_COL:
                 r_right = tl.load(LUT + 2 * SAT)
                 col_r = tl.load(COL + (bh * NK + offs_n).to(tl.int64) * R + r_right, mask=n_in, other=0.0)
                 pos += col_r[None, :]
-        elif qpos_max - kpos_min <= -SAT:
-            # every pair saturated on the left
+        elif far_left:
             if HAS_ROW:
                 pos += row_l[:, None]
             if HAS_COL:
@@ -124,7 +126,7 @@ def _tile(
                 pos += tl.load(col_ptr, mask=allowed, other=0.0)
         s = s + pos
     s = tl.where(allowed, s, float("-inf"))
-    return s, allowed, delta
+    return s, allowed, delta, far_left, far_right
 
 
 @triton.jit
@@ -220,7 +222,7 @@ def _fwd_kernel(
         cols = (bh * NK + offs_n).to(tl.int64)
         k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
         v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-        s, allowed, delta = _tile(
+        s, allowed, delta, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
             ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
@@ -304,7 +306,7 @@ def _dq_kernel(
         cols = (bh * NK + offs_n).to(tl.int64)
         k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
         v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-        s, allowed, delta = _tile(
+        s, allowed, delta, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
             ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
@@ -314,12 +316,16 @@ def _dq_kernel(
         ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
-            left = delta <= -SAT
-            right = delta >= SAT
-            far_l += tl.sum(tl.where(left, ds, 0.0), 1)
-            far_r += tl.sum(tl.where(right, ds, 0.0), 1)
-            near = allowed & (~left) & (~right)
-            if tl.max(near.to(tl.int32)) > 0:
+            if far_right:  # one table row for the whole tile: a plain sum (zero on hidden pairs)
+                far_r += tl.sum(ds, 1)
+            elif far_left:
+                far_l += tl.sum(ds, 1)
+            else:
+                left = delta <= -SAT
+                right = delta >= SAT
+                far_l += tl.sum(tl.where(left, ds, 0.0), 1)
+                far_r += tl.sum(tl.where(right, ds, 0.0), 1)
+                near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
                 tl.store(DQ_DIST + rows[:, None] * W + (delta + SAT), ds, mask=near)
     tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], dq * scale, mask=m_in[:, None])
     if HAS_ROW:
@@ -391,7 +397,7 @@ def _dkv_kernel(
         do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
         lse = tl.load(LSE + rows, mask=m_in, other=float("inf"))
         dlt = tl.load(DELTA + rows, mask=m_in, other=0.0)
-        s, allowed, delta = _tile(
+        s, allowed, delta, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
             ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
@@ -402,12 +408,16 @@ def _dkv_kernel(
         ds = p * (dp - dlt[:, None])
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
-            left = delta <= -SAT
-            right = delta >= SAT
-            far_l += tl.sum(tl.where(left, ds, 0.0), 0)
-            far_r += tl.sum(tl.where(right, ds, 0.0), 0)
-            near = allowed & (~left) & (~right)
-            if tl.max(near.to(tl.int32)) > 0:
+            if far_right:  # one table row for the whole tile: a plain sum (zero on hidden pairs)
+                far_r += tl.sum(ds, 0)
+            elif far_left:
+                far_l += tl.sum(ds, 0)
+            else:
+                left = delta <= -SAT
+                right = delta >= SAT
+                far_l += tl.sum(tl.where(left, ds, 0.0), 0)
+                far_r += tl.sum(tl.where(right, ds, 0.0), 0)
+                near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
                 tl.store(DK_DIST + cols[None, :] * W + (delta + SAT), ds, mask=near)
     tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk * scale, mask=n_in[:, None])
     tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv, mask=n_in[:, None])

@@ -218,17 +218,16 @@ def test_torch_compile_custom_op_forward_and_backward():
 
 
 def test_autocast_keeps_float32_scores():
-    """Under autocast the op's own matmuls (the N×R position tables) stay float32, as in `eager`."""
+    """Under autocast the op's own matmuls (the N×R position tables) stay float32: same result as without it."""
     c = GRID["n33"]
     geom = _geometry(c, DEVICE)
     q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
+    pos_q, pos_k = pos_q.float(), pos_k.float()  # what a float32 table projection outside autocast gives
+    plain, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms)
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        out, _ = triton_attention(
-            q, k, v, pos_q.float(), pos_k.float(), c.rel, geom, scale=0.2, terms=c.terms
-        )
-    ref, _ = eager_attention(q, k, v, pos_q.float(), pos_k.float(), c.rel, geom, scale=0.2, terms=c.terms)
-    assert out.dtype == torch.bfloat16
-    assert (out.float() - ref.float()).abs().max() <= 3e-2 * ref.float().abs().max()
+        auto, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms)
+    assert auto.dtype == torch.bfloat16
+    assert torch.equal(auto, plain)
 
 
 def test_registry_declines_what_it_cannot_serve():
