@@ -217,6 +217,25 @@ def test_torch_compile_custom_op_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_custom_op_registration_passes_opcheck(monkeypatch):
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes."""
+    from debertakit.attention import triton_backend
+
+    c = GRID["packed_causal"]
+    captured = []
+    real = triton_backend._fwd_op
+
+    def spy(*args):
+        captured.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_fwd_op", spy)
+    triton_attention(
+        *_inputs(c, torch.float32, DEVICE), c.rel, _geometry(c, DEVICE), scale=0.2, terms=c.terms
+    )
+    torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
+
+
 def test_autocast_keeps_float32_scores():
     """Under autocast the op's own matmuls (the N×R position tables) stay float32: same result as without it."""
     c = GRID["n33"]
