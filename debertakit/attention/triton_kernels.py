@@ -34,8 +34,8 @@ _BIG = 1 << 30
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr):
     """a @ b, float32 result. PREC 0: tensor cores (16-bit inputs); 1: IEEE float32; 2: operands widened to
-    float32 first (Triton's CPU interpreter multiplies 16-bit floats wrongly; widening exact 16-bit values gives
-    the products a tensor core computes, accumulated in float32)."""
+    float32 first, for Triton's CPU interpreter, whose ``tl.dot`` gives wrong bfloat16 products (widening exact
+    16-bit values gives the products a tensor core computes, accumulated in float32)."""
     if PREC == 2:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif PREC == 1:
