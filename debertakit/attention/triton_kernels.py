@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_BIG = 1 << 30
+_BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
 
 
 @triton.jit
@@ -58,16 +58,12 @@ def _tile(
     m_in,
     offs_n,
     n_in,
-    bh,
-    b,
     ROW,
     COL,
     LUT,
     KPOS,
     KSEG,
     KMASK,
-    NQ,
-    NK,
     R,
     SAT,
     scale,
@@ -81,15 +77,16 @@ def _tile(
     PREC: tl.constexpr,
 ):
     """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances; whether
-    the whole tile lies beyond the saturation on the left / on the right."""
-    kpos = tl.load(KPOS + b * NK + offs_n, mask=n_in, other=0)
+    the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to the
+    program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit."""
+    kpos = tl.load(KPOS + offs_n, mask=n_in, other=0)
     s = _mm(q, tl.trans(k), PREC) * scale
     allowed = m_in[:, None] & n_in[None, :]
     if HAS_KMASK:
-        km = tl.load(KMASK + b * NK + offs_n, mask=n_in, other=0)
+        km = tl.load(KMASK + offs_n, mask=n_in, other=0)
         allowed = allowed & (km != 0)[None, :]
     if HAS_SEG:
-        kseg = tl.load(KSEG + b * NK + offs_n, mask=n_in, other=-1)
+        kseg = tl.load(KSEG + offs_n, mask=n_in, other=-1)
         allowed = allowed & (qseg[:, None] == kseg[None, :])
     if CAUSAL:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
@@ -105,25 +102,21 @@ def _tile(
             if HAS_ROW:
                 pos += row_r[:, None]
             if HAS_COL:
-                r_right = tl.load(LUT + 2 * SAT)
-                col_r = tl.load(COL + (bh * NK + offs_n).to(tl.int64) * R + r_right, mask=n_in, other=0.0)
+                col_r = tl.load(COL + offs_n * R + tl.load(LUT + 2 * SAT), mask=n_in, other=0.0)
                 pos += col_r[None, :]
         elif far_left:
             if HAS_ROW:
                 pos += row_l[:, None]
             if HAS_COL:
-                r_left = tl.load(LUT)
-                col_l = tl.load(COL + (bh * NK + offs_n).to(tl.int64) * R + r_left, mask=n_in, other=0.0)
+                col_l = tl.load(COL + offs_n * R + tl.load(LUT), mask=n_in, other=0.0)
                 pos += col_l[None, :]
         else:
             # the near band: gather through the lookup table
             ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
             if HAS_ROW:
-                row_ptr = ROW + (bh * NQ + offs_m).to(tl.int64)[:, None] * R + ridx
-                pos += tl.load(row_ptr, mask=allowed, other=0.0)
+                pos += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0)
             if HAS_COL:
-                col_ptr = COL + (bh * NK + offs_n).to(tl.int64)[None, :] * R + ridx
-                pos += tl.load(col_ptr, mask=allowed, other=0.0)
+                pos += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0)
         s = s + pos
     s = tl.where(allowed, s, float("-inf"))
     return s, allowed, delta, far_left, far_right
@@ -136,8 +129,6 @@ def _query_block(
     QSEG,
     ROW,
     LUT,
-    bh,
-    b,
     pid_m,
     NQ,
     R,
@@ -147,26 +138,25 @@ def _query_block(
     HAS_ROW: tl.constexpr,
     HAS_SEG: tl.constexpr,
 ):
-    """What a program needs about its block of query rows (also used for dO, which has Q's layout)."""
+    """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     m_in = offs_m < NQ
-    rows = (bh * NQ + offs_m).to(tl.int64)
-    q = tl.load(Q + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
-    qpos = tl.load(QPOS + b * NQ + offs_m, mask=m_in, other=0)
+    q = tl.load(Q + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+    qpos = tl.load(QPOS + offs_m, mask=m_in, other=0)
     qpos_min = tl.min(tl.where(m_in, qpos, _BIG), 0)
     qpos_max = tl.max(tl.where(m_in, qpos, -_BIG), 0)
     if HAS_SEG:
-        qseg = tl.load(QSEG + b * NQ + offs_m, mask=m_in, other=-2)
+        qseg = tl.load(QSEG + offs_m, mask=m_in, other=-2)
     else:
         qseg = qpos
     row_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if HAS_ROW:
-        # the two saturated rows of the table, once per program (far tiles need nothing else)
-        row_l = tl.load(ROW + rows * R + tl.load(LUT), mask=m_in, other=0.0)
-        row_r = tl.load(ROW + rows * R + tl.load(LUT + 2 * SAT), mask=m_in, other=0.0)
-    return offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
+        # the two saturated rows of the table, once per query block (far tiles need nothing else)
+        row_l = tl.load(ROW + (offs_m * R + tl.load(LUT)), mask=m_in, other=0.0)
+        row_r = tl.load(ROW + (offs_m * R + tl.load(LUT + 2 * SAT)), mask=m_in, other=0.0)
+    return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
 
 
 @triton.jit
@@ -205,12 +195,30 @@ def _fwd_kernel(
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
-    offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    # 64-bit offsets once per program, to this (b, h) or b; 32-bit offsets inside
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    OUT += q_off * HEAD_DIM
+    LSE += q_off
+    ROW += q_off * R
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    COL += k_off * R
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KV_LO += b * NQ
+    KV_HI += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+
+    offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
-    lo = tl.min(tl.load(KV_LO + b * NQ + offs_m, mask=m_in, other=_BIG), 0)
-    hi = tl.max(tl.load(KV_HI + b * NQ + offs_m, mask=m_in, other=0), 0)
+    lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
     lo = (lo // BLOCK_N) * BLOCK_N
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -219,12 +227,12 @@ def _fwd_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
-        cols = (bh * NK + offs_n).to(tl.int64)
-        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-        v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
@@ -238,12 +246,11 @@ def _fwd_kernel(
 
     visible = l_i > 0.0
     out = acc / tl.where(visible, l_i, 1.0)[:, None]  # rows with no visible key: zeros
-    tl.store(
-        OUT + rows[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=m_in[:, None]
-    )
+    out_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(OUT + out_ptrs, out.to(OUT.dtype.element_ty), mask=m_in[:, None])
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
-    tl.store(LSE + rows, lse, mask=m_in)
+    tl.store(LSE + offs_m, lse, mask=m_in)
 
 
 @triton.jit
@@ -282,20 +289,41 @@ def _dq_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per query block: dQ (content part) and, if ROW is used, dS scattered into DQ_DIST."""
+    """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
-    offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
-    )
-    do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
-    lse = tl.load(LSE + rows, mask=m_in, other=float("inf"))
-    dlt = tl.load(DELTA + rows, mask=m_in, other=0.0)
-    lo = tl.min(tl.load(KV_LO + b * NQ + offs_m, mask=m_in, other=_BIG), 0)
-    hi = tl.max(tl.load(KV_HI + b * NQ + offs_m, mask=m_in, other=0), 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
     W = 2 * SAT + 1
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    DO += q_off * HEAD_DIM
+    DQ += q_off * HEAD_DIM
+    LSE += q_off
+    DELTA += q_off
+    ROW += q_off * R
+    DQ_DIST += q_off * W
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    COL += k_off * R
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KV_LO += b * NQ
+    KV_HI += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+
+    offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    )
+    q_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
+    lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
+    dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
+    lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -303,12 +331,12 @@ def _dq_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
-        cols = (bh * NK + offs_n).to(tl.int64)
-        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-        v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
+        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
@@ -326,11 +354,11 @@ def _dq_kernel(
                 far_l += tl.sum(tl.where(left, ds, 0.0), 1)
                 far_r += tl.sum(tl.where(right, ds, 0.0), 1)
                 near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
-                tl.store(DQ_DIST + rows[:, None] * W + (delta + SAT), ds, mask=near)
-    tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], dq * scale, mask=m_in[:, None])
+                tl.store(DQ_DIST + (offs_m[:, None] * W + delta + SAT), ds, mask=near)
+    tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
-        tl.store(DQ_DIST + rows * W, far_l, mask=m_in)
-        tl.store(DQ_DIST + rows * W + 2 * SAT, far_r, mask=m_in)
+        tl.store(DQ_DIST + offs_m * W, far_l, mask=m_in)
+        tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r, mask=m_in)
 
 
 @triton.jit
@@ -370,36 +398,56 @@ def _dkv_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per key block: dK (content part), dV and, if COL is used, dS scattered into DK_DIST."""
+    """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
+    W = 2 * SAT + 1
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    DO += q_off * HEAD_DIM
+    LSE += q_off
+    DELTA += q_off
+    ROW += q_off * R
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    DK += k_off * HEAD_DIM
+    DV += k_off * HEAD_DIM
+    COL += k_off * R
+    DK_DIST += k_off * W
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+    Q_LO += b * NK
+    Q_HI += b * NK
+
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     n_in = offs_n < NK
-    cols = (bh * NK + offs_n).to(tl.int64)
-    k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-    v = tl.load(V + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=n_in[:, None], other=0.0)
-    lo = tl.min(tl.load(Q_LO + b * NK + offs_n, mask=n_in, other=_BIG), 0)
-    hi = tl.max(tl.load(Q_HI + b * NK + offs_n, mask=n_in, other=0), 0)
+    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+    v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+    lo = tl.min(tl.load(Q_LO + offs_n, mask=n_in, other=_BIG), 0)
+    hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
-    W = 2 * SAT + 1
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_N,), dtype=tl.float32)
     far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start_m in range(lo, hi, BLOCK_M):
-        pid_m = start_m // BLOCK_M
-        offs_m, offs_d, m_in, rows, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-            Q, QPOS, QSEG, ROW, LUT, bh, b, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+        offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
         )
-        do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=m_in[:, None], other=0.0)
-        lse = tl.load(LSE + rows, mask=m_in, other=float("inf"))
-        dlt = tl.load(DELTA + rows, mask=m_in, other=0.0)
+        do = tl.load(DO + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+        lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
+        dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in, bh, b,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, NQ, NK, R, SAT, scale,
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])
@@ -408,7 +456,7 @@ def _dkv_kernel(
         ds = p * (dp - dlt[:, None])
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
-            if far_right:  # one table row for the whole tile: a plain sum (zero on hidden pairs)
+            if far_right:
                 far_r += tl.sum(ds, 0)
             elif far_left:
                 far_l += tl.sum(ds, 0)
@@ -417,10 +465,10 @@ def _dkv_kernel(
                 right = delta >= SAT
                 far_l += tl.sum(tl.where(left, ds, 0.0), 0)
                 far_r += tl.sum(tl.where(right, ds, 0.0), 0)
-                near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
-                tl.store(DK_DIST + cols[None, :] * W + (delta + SAT), ds, mask=near)
-    tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk * scale, mask=n_in[:, None])
-    tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv, mask=n_in[:, None])
+                near = allowed & (~left) & (~right)
+                tl.store(DK_DIST + (offs_n[None, :] * W + delta + SAT), ds, mask=near)
+    tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
+    tl.store(DV + kv_ptrs, dv, mask=n_in[:, None])
     if HAS_COL:
-        tl.store(DK_DIST + cols * W, far_l, mask=n_in)
-        tl.store(DK_DIST + cols * W + 2 * SAT, far_r, mask=n_in)
+        tl.store(DK_DIST + offs_n * W, far_l, mask=n_in)
+        tl.store(DK_DIST + (offs_n * W + 2 * SAT), far_r, mask=n_in)
