@@ -90,6 +90,11 @@ def _tables(
     return (None if row is None else row.contiguous()), (None if col is None else col.contiguous())
 
 
+def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
+    table = row if row is not None else col
+    return 1 if table is None else table.shape[-1]
+
+
 def _dummy(device: torch.device) -> Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -123,7 +128,7 @@ def _fwd_op(
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)
-        R = (row if row is not None else col).shape[-1] if (row is not None or col is not None) else 1
+        R = _table_rows(row, col)
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
         bm, bn, warps, stages = _blocks(q.device, D)
@@ -178,7 +183,7 @@ def _bwd_op(
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
-        R = (row if row is not None else col).shape[-1] if (row is not None or col is not None) else 1
+        R = _table_rows(row, col)
         W = 2 * sat + 1
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1)  # (B, H, Nq): rowsum(P ∘ dP) = dO·O
@@ -391,6 +396,12 @@ def triton_attention(
         lut = lut.to(device=device, dtype=torch.int32)
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
+    rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1
+    if max(NQ, NK) * max(D, rows, 2 * sat + 1) >= 2**31:
+        raise ValueError(
+            f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
+            f"{max(D, rows, 2 * sat + 1)} columns is too large"
+        )
     out, _ = _fwd_op(
         q.contiguous(),
         k.to(q.dtype).contiguous(),
