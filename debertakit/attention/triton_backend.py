@@ -231,6 +231,7 @@ def _bwd_op(
             # ROW = (Q·Krᵀ + p2p) · scale
             d_row = torch.zeros((B, H, NQ, R), dtype=torch.float32, device=q.device)
             d_row.index_add_(3, lut_long, dq_dist)
+            del dq_dist
             if c2p:
                 dq += torch.matmul(d_row, pos_k.float()) * scale
                 dpos_k += torch.einsum("bhnr,bhnd->hrd", d_row, q.float()) * scale
@@ -241,6 +242,7 @@ def _bwd_op(
         if dk_dist is not None:
             d_col = torch.zeros((B, H, NK, R), dtype=torch.float32, device=q.device)
             d_col.index_add_(3, lut_long, dk_dist)
+            del dk_dist
             dk += torch.matmul(d_col, pos_q.float()) * scale
             dpos_q += torch.einsum("bhnr,bhnd->hrd", d_col, k.float()) * scale
     return (
