@@ -78,7 +78,11 @@ class DebertaConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # unknown config.json fields, kept for round trips
 
     def __post_init__(self) -> None:
-        self.position_terms = tuple(self.position_terms)
+        terms = tuple(self.position_terms)
+        # the order of the terms carries no meaning: keep one canonical order so equal configs compare equal
+        if len(set(terms)) == len(terms) and set(terms) <= set(_TERM_ORDER):
+            terms = tuple(t for t in _TERM_ORDER if t in terms)
+        self.position_terms = terms
         if isinstance(self.label_names, list):
             self.label_names = tuple(self.label_names)
         self._validate()

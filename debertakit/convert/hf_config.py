@@ -100,6 +100,7 @@ def from_hf_config(d: dict[str, Any]) -> DebertaConfig:
             f"attention_head_size={g['attention_head_size']} != hidden_size / num_attention_heads"
         )
     v1 = model_type == "deberta"
+    conv = 0 if v1 else g["conv_kernel_size"]
     terms = g["pos_att_type"] or []
     if isinstance(terms, str):
         terms = [t.strip() for t in terms.lower().split("|") if t.strip()]
@@ -137,9 +138,10 @@ def from_hf_config(d: dict[str, Any]) -> DebertaConfig:
         position_buckets=0 if v1 else max(g["position_buckets"], 0),
         share_att_key=False if v1 else bool(g["share_att_key"]),
         norm_rel_ebd="none" if v1 or "layer_norm" not in norm else "layer_norm",
-        conv_kernel_size=0 if v1 else g["conv_kernel_size"],
-        conv_groups=g["conv_groups"],
-        conv_act=g["conv_act"],
+        conv_kernel_size=conv,
+        # without a conv branch its settings mean nothing: keep our defaults so equal models compare equal
+        conv_groups=g["conv_groups"] if conv else 1,
+        conv_act=g["conv_act"] if conv else "gelu",
         pooler_hidden_size=d.get("pooler_hidden_size")
         if d.get("pooler_hidden_size") not in (None, hidden)
         else None,

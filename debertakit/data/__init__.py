@@ -1,0 +1,1 @@
+"""Data: corpora, masking, packing, task readers and collators."""
