@@ -5,6 +5,7 @@ import pytest
 import torch
 import yaml
 
+from debertakit import load_tokenizer
 from debertakit.cli import main
 from debertakit.objectives.rtd import generator_config
 from debertakit.train.pretrain import PretrainConfig, model_config
@@ -74,7 +75,8 @@ def test_pretrain_and_plot_commands(wikitext_shards, tmp_path, capsys):
     for name in ("generator", "discriminator"):
         d = run / "final" / name
         assert (d / "config.json").exists() and (d / "model.safetensors").exists()
-        assert (d / "tokenizer.json").exists()  # the tokenizer travels with the model
+        assert (d / "spm.model").exists()  # the tokenizer travels with the model
+        assert load_tokenizer(d).mask_token_id == 1000
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["split"] for r in records] == ["train", "eval", "train", "eval"]
     main(["plot", str(run)])
