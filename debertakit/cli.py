@@ -17,16 +17,21 @@ from collections.abc import Callable
 
 def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.convert.commands import convert
+    from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.inference.fill_mask import fill_mask_command
     from debertakit.tokenization.commands import tokenizer_commands
+    from debertakit.train.commands import plot, pretrain
 
     return {
         "compare": compare,
         "convert": convert,
         "demo": demo,
         "fill-mask": fill_mask_command,
+        "plot": plot,
+        "prepare": prepare,
+        "pretrain": pretrain,
         "tokenizer": tokenizer_commands(),
     }
 

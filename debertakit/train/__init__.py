@@ -1,0 +1,1 @@
+"""Training loops (pretraining), optimisers and schedules, checkpoints with exact resume, distributed set-up."""

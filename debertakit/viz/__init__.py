@@ -1,0 +1,1 @@
+"""Pictures: training curves (and, later, attention maps)."""
