@@ -13,7 +13,7 @@ from debertakit.model import build_model
 __version__ = "0.1.0"
 __all__ = ["DebertaConfig", "build_model", "load_pretrained", "load_tokenizer", "save_pretrained"]
 
-# Names resolved on first use, so that `import debertakit` stays light.
+# Names resolved on first use.
 _LAZY = {"load_tokenizer": "debertakit.tokenization.loading"}
 
 

@@ -21,6 +21,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.experiments.runner import experiment_commands
+    from debertakit.inference.fill_mask import fill_mask_command
     from debertakit.nlg import generate_command, perplexity_command
     from debertakit.predict import predict
     from debertakit.tokenization.commands import tokenizer_commands
@@ -33,6 +34,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "convert": convert,
         "demo": demo,
         "experiment": experiment_commands(),
+        "fill-mask": fill_mask_command,
         "finetune": _finetune_command(),
         "generate": generate_command,
         "perplexity": perplexity_command,

@@ -24,12 +24,20 @@ def train_test_tokenizer(corpus: Path, out: Path, vocab_size: int = 1000) -> Pat
     return out
 
 
+def train_spm(corpus: Path, out: Path, vocab_size: int = 1000) -> Path:
+    """A SentencePiece vocabulary with DeBERTa's special ids (``debertakit tokenizer train``)."""
+    from debertakit.tokenization import train_tokenizer
+
+    train_tokenizer([str(corpus)], vocab_size, "spm", str(out), progress=False)
+    return out
+
+
 def prepared_corpus(tmp: Path, corpus: Path | None = None, valid_fraction: float = 0.02) -> Path:
     """Tokenizer + shards of a corpus (default: WikiText-2 validation) under ``tmp``."""
     from debertakit.data.shards import prepare_corpus
 
     corpus = corpus or SHARED_TEXT / "wikitext-2-valid.txt"
-    tok = train_test_tokenizer(corpus, tmp / "tokenizer")
+    tok = train_spm(corpus, tmp / "tokenizer")
     prepare_corpus(
         [str(corpus)], str(tok), str(tmp / "shards"), valid_fraction=valid_fraction, workers=1, progress=False
     )

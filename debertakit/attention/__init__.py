@@ -5,6 +5,13 @@ from debertakit.attention.geometry import Geometry, packed_geometry
 from debertakit.attention.registry import Backend, Request, available_backends, get_backend, register
 from debertakit.attention.relative import RelativeIndex, log_bucket, scale_for
 
+try:  # the `triton` backend registers itself when Triton imports; without it the other backends still work
+    import triton  # noqa: F401
+except Exception:  # ImportError, or a broken install
+    pass
+else:
+    from debertakit.attention import triton_backend  # noqa: F401
+
 __all__ = [
     "Backend",
     "Geometry",

@@ -5,14 +5,14 @@ import pytest
 
 from debertakit.data.shards import ShardSet, prepare_corpus
 from debertakit.data.tokenizer import open_tokenizer
-from tests.pretrain_helpers import SHARED_TEXT, train_test_tokenizer
+from tests.pretrain_helpers import SHARED_TEXT, train_spm, train_test_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     if not SHARED_TEXT.exists():
         pytest.skip(f"shared text folder {SHARED_TEXT} is absent")
-    return train_test_tokenizer(SHARED_TEXT / "tiny-shakespeare.txt", tmp_path_factory.mktemp("tok"), 600)
+    return train_spm(SHARED_TEXT / "tiny-shakespeare.txt", tmp_path_factory.mktemp("tok"), 600)
 
 
 def write_corpus(d):
@@ -134,3 +134,21 @@ def test_bad_arguments_name_the_value(tmp_path, tokenizer):
         prepare_corpus([str(tmp_path / "empty.txt")], str(tokenizer), str(tmp_path / "o"), progress=False)
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         ShardSet(tmp_path)
+
+
+def test_a_bare_tokenizers_json_directory_works_too(tmp_path):
+    if not SHARED_TEXT.exists():
+        pytest.skip(f"shared text folder {SHARED_TEXT} is absent")
+    tok = train_test_tokenizer(SHARED_TEXT / "tiny-shakespeare.txt", tmp_path / "tok", 500)
+    expected = write_corpus(tmp_path / "corpus")
+    prepare_corpus(
+        [str(tmp_path / "corpus")],
+        str(tok),
+        str(tmp_path / "out"),
+        valid_fraction=0.0,
+        workers=1,
+        progress=False,
+    )
+    shards = ShardSet(tmp_path / "out")
+    assert documents_of(shards) == open_tokenizer(tok).encode_batch(expected)
+    assert shards.tokenizer["mask_id"] == 4 and shards.word_start().shape == (500,)

@@ -1,0 +1,457 @@
+"""GPU benchmark of disentangled attention: the `triton` backend against the alternatives, in one run.
+
+Sections (all bfloat16 on one CUDA device):
+
+1. ``attention``: the attention core (q, k, v and the projected relative tables given), 12 heads, head dim 64,
+   v3 position setup (log buckets 256, max distance 512, c2p + p2c), N = 128 … 16384 at batch·N = 16384.
+   Forward and forward+backward time, TFLOP/s and peak memory. FLOPs are counted as FlashAttention counts them:
+   4·N²·d per head and batch row for the forward (QKᵀ and PV), 2.5× that for the backward, so forward+backward
+   is 3.5×; the position terms are not counted (they are the overhead being measured). Rows: every registered
+   attention backend that can run the shape (``triton``, ``eager``, and ``chunked`` / ``flex`` where present),
+   PyTorch's ``scaled_dot_product_attention`` on the same shapes without position terms (the ceiling),
+   ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
+   runs the q/k/v and position projections: its time includes them).
+2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
+   training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
+   against Hugging Face's ``DebertaV2Model``; peak memory.
+3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
+   (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
+   tokens/s counts real tokens only.
+
+Usage::
+
+    python benchmarks/attention_gpu.py                 # everything; table + benchmarks/results/attention_gpu.json
+    python benchmarks/attention_gpu.py --sections attention --lengths 512 2048 8192
+    python benchmarks/attention_gpu.py --smoke --out /tmp/smoke.json
+                                                       # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
+                                                       # runs end to end; its timings mean nothing
+
+Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 everywhere:
+the ``triton`` backend has none, and the comparison is about the attention arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", nargs="+", default=["attention", "model", "packed"])
+    p.add_argument("--lengths", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--tokens", type=int, default=16384, help="batch·N of every shape")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--model-length", type=int, default=512)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes, plumbing only"
+    )
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------------- timing
+def bench(fn: Callable[[], object], device: str) -> dict:
+    """Median time (ms) and peak memory above the baseline (GiB) of ``fn``; 'OOM' when it does not fit."""
+    import torch
+
+    try:
+        fn()  # warm-up: compilation, autotuning, allocator
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+            from triton.testing import do_bench
+
+            ms = do_bench(fn, warmup=10, rep=100, return_mode="median")
+        else:
+            peak = None
+            t = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t) * 1e3
+        return {"ms": ms, "peak_gib": peak}
+    except torch.OutOfMemoryError:
+        return {"error": "OOM"}
+    except (RuntimeError, ValueError, TypeError, ImportError) as e:  # a competitor that cannot run the shape
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def attention_flops(batch: int, heads: int, n: int, d: int) -> float:
+    return 4.0 * batch * heads * n * n * d
+
+
+# ------------------------------------------------------------------------------------------- 1. attention
+def attention_section(args, device: str, dtype) -> list[dict]:
+    rows = []
+    for n in args.lengths:
+        rows += _attention_rows(args, n, device, dtype)
+    return rows
+
+
+def _attention_rows(args, n: int, device: str, dtype) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from debertakit.attention import (
+        Geometry,
+        PositionTerms,
+        RelativeIndex,
+        Request,
+        available_backends,
+        get_backend,
+        scale_for,
+    )
+
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+    terms = PositionTerms(c2p=True, p2c=True)
+    H, D = args.heads, args.head_dim
+    scale = scale_for(D, 3)
+    batch = max(1, args.tokens // n)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype).requires_grad_()
+
+    q, k, v = rnd(batch, H, n, D), rnd(batch, H, n, D), rnd(batch, H, n, D)
+    pos_q, pos_k = rnd(H, rel.table_rows, D), rnd(H, rel.table_rows, D)
+    grad = torch.randn(batch, H, n, D, device=device, dtype=dtype)
+    leaves = [q, k, v, pos_q, pos_k]
+    flops = attention_flops(batch, H, n, D)
+    request = Request(device_type=device, dtype=dtype, seq_len=n, head_dim=D)
+
+    # name -> (forward closure, tensors to differentiate, gradient of the output)
+    candidates: dict[str, tuple[Callable, list, object]] = {}
+    for name in available_backends():
+        try:
+            backend = get_backend(name, request)
+        except ValueError:
+            continue
+
+        def run(fn=backend.fn):
+            return fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms)[0]
+
+        candidates[name] = (run, leaves, grad)
+    sdpa = (lambda: F.scaled_dot_product_attention(q, k, v), leaves[:3], grad)
+    candidates["sdpa (no position terms)"] = sdpa
+    fd = _flashdeberta(q, k, v, pos_q, pos_k, scale)
+    if fd is not None:
+        candidates["flashdeberta"] = (fd, leaves, grad)
+    hf = _hf_attention_layer(batch, n, H, D, device, dtype)
+    if hf is not None:
+        hf_grad = grad.transpose(1, 2).reshape(batch, n, H * D)  # the layer returns (B, N, H·D)
+        candidates["hf eager layer (incl. projections)"] = (*hf, hf_grad)
+
+    rows = []
+    for name, (fwd, ins, out_grad) in candidates.items():
+
+        def fwd_only(fwd=fwd):
+            with torch.no_grad():
+                return fwd()
+
+        def fwd_bwd(fwd=fwd, ins=ins, out_grad=out_grad):
+            torch.autograd.grad(fwd(), ins, out_grad)
+
+        row = {"section": "attention", "impl": name, "n": n, "batch": batch, "heads": H, "head_dim": D}
+        row.update(_rate("fwd", bench(fwd_only, device), flops))
+        row.update(_rate("fwd_bwd", bench(fwd_bwd, device), 3.5 * flops))
+        rows.append(row)
+        print(_fmt(row), flush=True)
+    return rows
+
+
+def _rate(prefix: str, r: dict, flops: float) -> dict:
+    if "error" in r:
+        return {f"{prefix}_error": r["error"]}
+    return {
+        f"{prefix}_ms": round(r["ms"], 4),
+        f"{prefix}_tflops": round(flops / (r["ms"] * 1e-3) / 1e12, 2),
+        f"{prefix}_peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
+    }
+
+
+def _flashdeberta(q, k, v, pos_q, pos_k, scale):
+    """flashdeberta's kernel on the same inputs, if the package imports and has the (q, k, v, seq_lengths,
+    pos_key, pos_query, ...) entry point of its 0.1 releases; None otherwise."""
+    try:
+        import inspect
+
+        from flashdeberta.ops.flash_attention import flash_attention_with_disentangled as fd
+    except Exception:
+        return None
+    params = list(inspect.signature(fd).parameters)
+    if "seq_lengths" not in params:
+        return None
+
+    def run():
+        return fd(q, k, v, None, pos_k[None], pos_q[None], False, scale, 256, 512)
+
+    return run
+
+
+def _hf_attention_layer(batch, n, heads, d, device, dtype):
+    """Hugging Face's eager DisentangledSelfAttention (v3-base settings), with its hidden-state input."""
+    try:
+        import torch
+        from transformers import DebertaV2Config
+        from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
+    except Exception:
+        return None
+    cfg = DebertaV2Config(
+        hidden_size=heads * d,
+        num_attention_heads=heads,
+        relative_attention=True,
+        position_buckets=256,
+        max_relative_positions=512,
+        pos_att_type=["p2c", "c2p"],
+        share_att_key=True,
+        attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=0.0,
+    )
+    layer = DisentangledSelfAttention(cfg).to(device=device, dtype=dtype)
+    x = torch.randn(batch, n, heads * d, device=device, dtype=dtype, requires_grad=True)
+    rel_emb = torch.randn(512, heads * d, device=device, dtype=dtype)
+    mask = torch.ones(batch, 1, n, n, device=device, dtype=torch.bool)
+
+    def run():
+        return layer(x, mask, rel_embeddings=rel_emb)[0]
+
+    return run, [x]  # the gradient of the layer input: the whole attention backward runs
+
+
+# ----------------------------------------------------------------------------------------- 2./3. the model
+def _v3_config(args, backend: str):
+    from debertakit.config import DebertaConfig
+
+    if args.smoke:
+        return DebertaConfig.preset("tiny-v3", hidden_size=32, num_heads=2, attention_backend=backend,
+                                    hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    return DebertaConfig.preset(
+        "deberta-v3-base", attention_backend=backend, hidden_dropout=0.0, attention_dropout=0.0
+    )
+
+
+def _models(args, device: str):
+    """(name, module, is_hf) for our model with each usable backend, and Hugging Face's."""
+    import torch
+
+    from debertakit.attention import Request, available_backends, get_backend
+    from debertakit.model.backbone import DebertaModel
+
+    out = []
+    probe = Request(device_type=device, dtype=torch.bfloat16, seq_len=args.model_length, head_dim=64)
+    for name in available_backends():
+        try:
+            get_backend(name, probe)
+        except ValueError:
+            continue
+        torch.manual_seed(0)
+        out.append((f"ours/{name}", DebertaModel(_v3_config(args, name)).to(device), False))
+    try:
+        from transformers import DebertaV2Config, DebertaV2Model
+
+        from debertakit.convert.hf_config import to_hf_config
+
+        hf_cfg = DebertaV2Config(**to_hf_config(_v3_config(args, "eager")))
+        out.append(("hf eager", DebertaV2Model(hf_cfg).to(device), True))
+    except Exception as e:  # transformers absent or incompatible: ours only
+        print(f"(no Hugging Face model: {type(e).__name__}: {e})")
+    return out
+
+
+def _step_fns(model, device, dtype, kwargs):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def forward():
+        model.eval()
+        with torch.no_grad(), torch.autocast(device, dtype=dtype):
+            model(**kwargs)
+
+    def train_step():
+        model.train()
+        with torch.autocast(device, dtype=dtype):
+            out = model(**kwargs).last_hidden_state
+        out.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return forward, train_step
+
+
+def model_section(args, device: str, dtype) -> list[dict]:
+    import torch
+
+    n = args.model_length
+    batch = max(1, args.tokens // n)
+    rows = []
+    for name, model, _ in _models(args, device):
+        ids = torch.randint(5, 1000 if not args.smoke else 100, (batch, n), device=device)
+        kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+        forward, train_step = _step_fns(model, device, dtype, kwargs)
+        for mode, fn in (("forward", forward), ("train_step", train_step)):
+            r = bench(fn, device)
+            row = {"section": "model", "impl": name, "mode": mode, "n": n, "batch": batch}
+            row.update(_tokens(r, batch * n))
+            rows.append(row)
+            print(_fmt(row), flush=True)
+        del model
+    return rows
+
+
+def _tokens(r: dict, tokens: int) -> dict:
+    if "error" in r:
+        return {"error": r["error"]}
+    return {
+        "ms": round(r["ms"], 3),
+        "tokens_per_s": round(tokens / (r["ms"] * 1e-3)),
+        "peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
+    }
+
+
+def packed_section(args, device: str, dtype) -> list[dict]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    lo, hi = (32, args.model_length) if not args.smoke else (3, 20)
+    lengths = []
+    while sum(lengths) < args.tokens:
+        lengths.append(int(torch.randint(lo, hi + 1, (1,), generator=g)))
+    lengths[-1] -= sum(lengths) - args.tokens
+    lengths = [x for x in lengths if x > 0]
+    total = sum(lengths)
+    longest = max(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
+    packed_ids = torch.randint(5, 1000 if not args.smoke else 100, (1, total), device=device)
+    padded_ids = torch.zeros(len(lengths), longest, dtype=torch.long, device=device)
+    padded_mask = torch.zeros_like(padded_ids)
+    for i, (s, n) in enumerate(zip(cu[:-1].tolist(), lengths)):
+        padded_ids[i, :n] = packed_ids[0, s : s + n]
+        padded_mask[i, :n] = 1
+    rows = []
+    for name, model, is_hf in _models(args, device):
+        layouts = [("padded", dict(input_ids=padded_ids, attention_mask=padded_mask))]
+        if not is_hf:
+            layouts.insert(0, ("packed", dict(input_ids=packed_ids, cu_seqlens=cu)))
+        for layout, kwargs in layouts:
+            forward, train_step = _step_fns(model, device, dtype, kwargs)
+            for mode, fn in (("forward", forward), ("train_step", train_step)):
+                r = bench(fn, device)
+                row = {"section": "packed", "impl": name, "layout": layout, "mode": mode}
+                row.update({"sequences": len(lengths), "real_tokens": total, "longest": longest})
+                row.update(_tokens(r, total))
+                rows.append(row)
+                print(_fmt(row), flush=True)
+        del model
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------- report
+def _fmt(row: dict) -> str:
+    keys = [k for k in row if k not in ("section",)]
+    return "  ".join(f"{k}={row[k]}" for k in keys)
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+    }
+    for mod in ("triton", "transformers", "flashdeberta"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:
+            env[mod] = None
+    if device == "cuda":
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def print_table(rows: list[dict]) -> None:
+    att = [r for r in rows if r["section"] == "attention"]
+    if att:
+        print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
+        print(f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s}")
+        for r in att:
+            fwd = r.get("fwd_tflops", r.get("fwd_error", "")[:8])
+            fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
+            print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
+                  f"{r.get('fwd_bwd_peak_gib', '')!s:>9s}")  # fmt: skip
+    other = [r for r in rows if r["section"] != "attention"]
+    if other:
+        print("\nwhole model (deberta-v3-base shape), tokens/s")
+        for r in other:
+            layout = r.get("layout", f"N={r.get('n')}")
+            val = r.get("tokens_per_s", r.get("error"))
+            print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:11s} {val!s:>12s} "
+                  f"peak {r.get('peak_gib', '')} GiB")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if args.smoke:
+        device = "cpu"
+        args.lengths = [n for n in args.lengths if n <= 64] or [16, 33]
+        args.tokens, args.heads, args.head_dim, args.model_length = 64, 2, 16, 32
+    elif not torch.cuda.is_available():
+        print(
+            "attention_gpu.py needs a CUDA device; none is available here, nothing was measured or written. "
+            "(`--smoke` checks the script on CPU with Triton's interpreter, without meaningful timings.)",
+            file=sys.stderr,
+        )
+        return 2
+    else:
+        device = "cuda"
+    sys.path.insert(0, str(ROOT))
+    dtype = torch.bfloat16
+    rows: list[dict] = []
+    sections = {"attention": attention_section, "model": model_section, "packed": packed_section}
+    for name in args.sections:
+        if name not in sections:
+            raise SystemExit(f"unknown section {name!r}; expected some of {sorted(sections)}")
+        rows += sections[name](args, device, dtype)
+    print_table(rows)
+    result = {
+        "environment": environment(device),
+        "smoke": args.smoke,
+        "flop_convention": FLOPS_NOTE,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str, allow_nan=False) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+FLOPS_NOTE = (
+    "forward 4·N²·d per head and batch row (QKᵀ, PV); forward+backward 3.5× that; position terms not counted"
+)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,454 @@
+"""The `triton` backend: fused disentangled attention (forward and backward) as a PyTorch custom op.
+
+What it serves (anything else is declined through the registry, so ``auto`` picks another backend):
+
+* CUDA tensors in bfloat16, float16 or float32 (float32 runs the matmuls in IEEE precision); head dims 16, 32, 64,
+  128. On CPU only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), and then ``auto`` never picks it.
+* c2p, p2c and p2p in any combination; v1 clamping and v2/v3 log buckets (both are just a `RelativeIndex` table).
+* Padding masks, packed sequences (segments / ``cu_seqlens`` with positions inside each sequence), causal,
+  Nq != Nk with default or explicit positions.
+* Declined: attention probabilities (``return_probs``), dense masks, dropout on the probabilities (``auto`` then
+  picks another backend for training with attention dropout; set the attention dropout to 0 to train with this
+  one).
+
+Explicit positions must be distinct inside a sequence (they are for every geometry the model builds); the
+backward relies on it (see `triton_kernels`) and the call checks it.
+
+The op is registered with `torch.library.custom_op`, with fake (meta) implementations and an autograd formula, so
+it runs under ``torch.compile`` without graph breaks; it runs its own matmuls with autocast off, so autocast
+callers get the same float32 score arithmetic as without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from debertakit.attention.eager import PositionTerms
+from debertakit.attention.geometry import Geometry
+from debertakit.attention.registry import Backend, Request, register
+from debertakit.attention.relative import RelativeIndex
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _kernels():
+    # imported on first use: Triton decides at decoration time whether kernels are compiled or interpreted, so
+    # TRITON_INTERPRET only needs to be set before the first call, not before `import debertakit`
+    from debertakit.attention import triton_kernels
+
+    return triton_kernels
+
+
+def _blocks(device: torch.device, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Small tiles under the interpreter. On GPU: the largest tiles
+    that compile without register spills for sm_90 (checked offline with ptxas); not yet tuned by timing."""
+    if device.type != "cuda":
+        return 16, 16, 1, 1
+    if head_dim <= 64:
+        return 64, 32, 8, 2
+    return 32, 32, 8, 2
+
+
+def _flags(q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool) -> dict:
+    return dict(
+        HAS_ROW=row is not None,
+        HAS_COL=col is not None,
+        HAS_SEG=q_seg is not None,
+        HAS_KMASK=k_mask is not None,
+        CAUSAL=causal,
+        PREC=2 if q.device.type != "cuda" else (1 if q.dtype == torch.float32 else 0),
+    )
+
+
+def _tables(
+    q: Tensor,
+    k: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    scale: float,
+    c2p: bool,
+    p2c: bool,
+    p2p: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """ROW = (Q·Krᵀ + p2p) · scale (B, H, Nq, R) and COL = K·Qrᵀ · scale (B, H, Nk, R), float32 (Algorithm 1)."""
+    row = col = None
+    if c2p:
+        row = torch.matmul(q.float(), pos_k.float().transpose(-1, -2)) * scale
+    if p2p:
+        bias = (pos_q.float() * pos_k.float()).sum(-1)[None, :, None, :] * scale  # (1, H, 1, R)
+        row = bias.expand(q.shape[0], -1, q.shape[2], -1) if row is None else row + bias
+    if p2c:
+        col = torch.matmul(k.float(), pos_q.float().transpose(-1, -2)) * scale
+    return (None if row is None else row.contiguous()), (None if col is None else col.contiguous())
+
+
+def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
+    table = row if row is not None else col
+    return 1 if table is None else table.shape[-1]
+
+
+def _dummy(device: torch.device) -> Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+@torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
+def _fwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    lut: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    q_seg: Tensor | None,
+    k_seg: Tensor | None,
+    k_mask: Tensor | None,
+    kv_lo: Tensor,
+    kv_hi: Tensor,
+    q_lo: Tensor,
+    q_hi: Tensor,
+    scale: float,
+    sat: int,
+    c2p: bool,
+    p2c: bool,
+    p2p: bool,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32; +inf on rows with no visible key)."""
+    with torch.autocast(q.device.type, enabled=False):
+        B, H, NQ, D = q.shape
+        NK = k.shape[2]
+        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)
+        R = _table_rows(row, col)
+        out = torch.empty_like(q)
+        lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
+        bm, bn, warps, stages = _blocks(q.device, D)
+        dummy = _dummy(q.device)
+        grid = (triton_cdiv(NQ, bm), B * H)
+        _kernels()._fwd_kernel[grid](
+            q, k, v,
+            row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
+            q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
+            k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
+            H, NQ, NK, R, sat, scale,
+            HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+            **_flags(q, row, col, q_seg, k_mask, causal),
+        )  # fmt: skip
+    return out, lse
+
+
+@_fwd_op.register_fake
+def _(q, k, v, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, *args):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("debertakit::disentangled_attention_bwd", mutates_args=())
+def _bwd_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    lut: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    q_seg: Tensor | None,
+    k_seg: Tensor | None,
+    k_mask: Tensor | None,
+    kv_lo: Tensor,
+    kv_hi: Tensor,
+    q_lo: Tensor,
+    q_hi: Tensor,
+    scale: float,
+    sat: int,
+    c2p: bool,
+    p2c: bool,
+    p2p: bool,
+    causal: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
+    with torch.autocast(q.device.type, enabled=False):
+        B, H, NQ, D = q.shape
+        NK = k.shape[2]
+        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
+        R = _table_rows(row, col)
+        W = 2 * sat + 1
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1)  # (B, H, Nq): rowsum(P ∘ dP) = dO·O
+        dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
+        dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
+        dummy = _dummy(q.device)
+        # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
+        dq_dist = (
+            torch.zeros((B, H, NQ, W), dtype=torch.float32, device=q.device) if row is not None else None
+        )
+        dk_dist = (
+            torch.zeros((B, H, NK, W), dtype=torch.float32, device=q.device) if col is not None else None
+        )
+        bm, bn, warps, stages = _blocks(q.device, D)
+        flags = _flags(q, row, col, q_seg, k_mask, causal)
+        common = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
+        tables = (
+            row if row is not None else dummy.float(),
+            col if col is not None else dummy.float(),
+            lut,
+            q_pos,
+            k_pos,
+            q_seg if q_seg is not None else dummy,
+            k_seg if k_seg is not None else dummy,
+            k_mask if k_mask is not None else dummy,
+        )
+        kern = _kernels()
+        kern._dq_kernel[(triton_cdiv(NQ, bm), B * H)](
+            q, k, v, dout, lse, delta, *tables, kv_lo, kv_hi,
+            dq, dq_dist if dq_dist is not None else dummy.float(),
+            H, NQ, NK, R, sat, scale, **common,
+        )  # fmt: skip
+        kern._dkv_kernel[(triton_cdiv(NK, bn), B * H)](
+            q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
+            dk, dv, dk_dist if dk_dist is not None else dummy.float(),
+            H, NQ, NK, R, sat, scale, **common,
+        )  # fmt: skip
+        del row, col, tables  # free the N×R tables before the N×R row gradients are built
+        dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
+        dpos_k = torch.zeros_like(pos_k, dtype=torch.float32) if pos_k is not None else q.new_empty(0)
+        lut_long = lut.long()
+        if dq_dist is not None:
+            # fold distances into table rows (exact: each distance has one row), then the chain rule of
+            # ROW = (Q·Krᵀ + p2p) · scale
+            d_row = torch.zeros((B, H, NQ, R), dtype=torch.float32, device=q.device)
+            d_row.index_add_(3, lut_long, dq_dist)
+            del dq_dist
+            if c2p:
+                dq += torch.matmul(d_row, pos_k.float()) * scale
+                dpos_k += torch.einsum("bhnr,bhnd->hrd", d_row, q.float()) * scale
+            if p2p:
+                g = d_row.sum((0, 2))[..., None] * scale  # (H, R, 1)
+                dpos_q += g * pos_k.float()
+                dpos_k += g * pos_q.float()
+        if dk_dist is not None:
+            d_col = torch.zeros((B, H, NK, R), dtype=torch.float32, device=q.device)
+            d_col.index_add_(3, lut_long, dk_dist)
+            del dk_dist
+            dk += torch.matmul(d_col, pos_q.float()) * scale
+            dpos_q += torch.einsum("bhnr,bhnd->hrd", d_col, k.float()) * scale
+    return (
+        dq.to(q.dtype),
+        dk.to(k.dtype),
+        dv.to(v.dtype),
+        dpos_q.to(pos_q.dtype) if pos_q is not None else dpos_q,
+        dpos_k.to(pos_k.dtype) if pos_k is not None else dpos_k,
+    )
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(pos_q) if pos_q is not None else q.new_empty(0),
+        torch.empty_like(pos_k) if pos_k is not None else q.new_empty(0),
+    )
+
+
+_N_FWD_INPUTS = 21
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = inputs[:15]
+    ctx.scalars = inputs[15:]
+    ctx.has_pos = (pos_q is not None, pos_k is not None)
+    out, lse = output
+    ctx.save_for_backward(
+        q, k, v, out, lse, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi
+    )
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, pos_q, pos_k, *rest = ctx.saved_tensors
+    dq, dk, dv, dpos_q, dpos_k = _bwd_op(dout, q, k, v, out, lse, pos_q, pos_k, *rest, *ctx.scalars)
+    grads = [dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None]
+    return tuple(grads + [None] * (_N_FWD_INPUTS - len(grads)))
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rows(x: Tensor | None, batch: int, n: int) -> Tensor | None:
+    """(B|1, N) -> (B, N) int32 contiguous (what the kernels index as ``b * N + i``)."""
+    if x is None:
+        return None
+    return x.to(torch.int32).expand(batch, n).contiguous()
+
+
+def _check_distinct(pos: Tensor, seg: Tensor | None, mask: Tensor | None, side: str) -> None:
+    """Explicit positions must differ inside each sequence (the backward stores one cell per distance)."""
+    key = pos.long()
+    if seg is not None:
+        key = key + seg.long() * (1 << 32)
+    if mask is not None:  # hidden tokens may repeat positions: give each its own key
+        filler = -(1 << 62) + torch.arange(key.shape[-1], device=key.device)
+        key = torch.where(mask.bool(), key, filler)
+    sorted_key = key.sort(-1).values
+    if bool((sorted_key[..., 1:] == sorted_key[..., :-1]).any()):
+        raise ValueError(
+            f"the triton backend needs distinct {side} positions inside each sequence; got repeated positions "
+            "(use another attention backend for such inputs)"
+        )
+
+
+def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) -> tuple[Tensor, ...]:
+    """Per query row the keys [kv_lo, kv_hi) it may see, per key column the queries [q_lo, q_hi) that may see
+    it: whole blocks outside these ranges are skipped (causal prefix, packed segments, key padding)."""
+    kv_lo = torch.zeros((B, NQ), dtype=torch.int64, device=device)
+    kv_hi = torch.full((B, NQ), NK, dtype=torch.int64, device=device)
+    q_lo = torch.zeros((B, NK), dtype=torch.int64, device=device)
+    q_hi = torch.full((B, NK), NQ, dtype=torch.int64, device=device)
+    packed = geom.cu_seqlens is not None and NQ == NK
+    if packed:
+        cu = geom.cu_seqlens.to(device=device, dtype=torch.int64)
+        seg = geom.q_segments.to(torch.int64).expand(B, NQ)
+        real = seg >= 0
+        s = seg.clamp(min=0)
+        # padding tokens of the packed row see nothing and are seen by nothing: empty ranges [N, 0), which
+        # also leave the block-wide min / max of their neighbours alone
+        kv_lo, kv_hi = torch.where(real, cu[s], NK), torch.where(real, cu[s + 1], 0)
+        q_lo, q_hi = torch.where(real, cu[s], NQ), torch.where(real, cu[s + 1], 0)
+    default_positions = geom.q_positions is None and geom.k_positions is None
+    if geom.causal and NQ == NK and (packed or default_positions):
+        idx = torch.arange(NQ, device=device)[None]
+        kv_hi = torch.minimum(kv_hi, idx + 1)
+        q_lo = torch.maximum(q_lo, idx)
+    if geom.key_mask is not None:
+        km = geom.key_mask.bool().expand(B, NK)
+        col = torch.arange(NK, device=device)[None].expand(B, NK)
+        first = torch.where(km, col, NK).min(-1, keepdim=True).values
+        last = torch.where(km, col, -1).max(-1, keepdim=True).values + 1
+        kv_lo = torch.maximum(kv_lo, first)
+        kv_hi = torch.minimum(kv_hi, last)
+        q_lo = torch.where(km, q_lo, NQ)  # hidden keys: no query block to visit
+        q_hi = torch.where(km, q_hi, 0)
+    return tuple(x.to(torch.int32).contiguous() for x in (kv_lo, kv_hi, q_lo, q_hi))
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    rel: RelativeIndex | None,
+    geom: Geometry,
+    *,
+    scale: float,
+    terms: PositionTerms,
+    dropout_p: float = 0.0,
+    return_probs: bool = False,
+) -> tuple[Tensor, None]:
+    """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`."""
+    if dropout_p > 0.0:
+        raise ValueError("the triton backend has no attention dropout; use dropout_p=0 or another backend")
+    if return_probs:
+        raise ValueError("the triton backend does not return attention probabilities")
+    if geom.dense is not None:
+        raise ValueError("the triton backend does not take dense (B, H, Nq, Nk) masks")
+    B, H, NQ, D = q.shape
+    NK = k.shape[2]
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"the triton backend supports head dims {SUPPORTED_HEAD_DIMS}; got {D}")
+    device = q.device
+    qp, kp = geom.positions(NQ, NK, device)
+    q_pos, k_pos = _rows(qp, B, NQ), _rows(kp, B, NK)
+    q_seg = _rows(geom.q_segments, B, NQ)
+    k_seg = _rows(geom.k_segments, B, NK)
+    k_mask = _rows(geom.key_mask, B, NK)
+    explicit = geom.q_positions is not None or geom.k_positions is not None
+    if explicit and geom.cu_seqlens is None:
+        _check_distinct(q_pos, q_seg, None, "query")
+        _check_distinct(k_pos, k_seg, k_mask, "key")
+    kv_lo, kv_hi, q_lo, q_hi = _key_ranges(geom, B, NQ, NK, device)
+
+    c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
+    if c2p or p2c or p2p:
+        # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
+        sat = rel.saturation
+        if not explicit or geom.cu_seqlens is not None:
+            sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
+        rows = (pos_k if pos_k is not None else pos_q).shape[1]
+        mid = rel.saturation
+        lut = rel.lut[mid - sat : mid + sat + 1].clamp(0, rows - 1)
+        lut = lut.to(device=device, dtype=torch.int32)
+    else:
+        sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
+    rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1
+    if max(NQ, NK) * max(D, rows, 2 * sat + 1) >= 2**31:
+        raise ValueError(
+            f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
+            f"{max(D, rows, 2 * sat + 1)} columns is too large"
+        )
+    out, _ = _fwd_op(
+        q.contiguous(),
+        k.to(q.dtype).contiguous(),
+        v.to(q.dtype).contiguous(),
+        pos_q.contiguous() if pos_q is not None and (p2c or p2p) else None,
+        pos_k.contiguous() if pos_k is not None and (c2p or p2p) else None,
+        lut,
+        q_pos,
+        k_pos,
+        q_seg,
+        k_seg,
+        k_mask,
+        kv_lo,
+        kv_hi,
+        q_lo,
+        q_hi,
+        float(scale),
+        int(sat),
+        c2p,
+        p2c,
+        p2p,
+        bool(geom.causal),
+    )
+    return out.to(v.dtype), None
+
+
+def _unsupported(r: Request) -> str | None:
+    if r.device_type != "cuda" and not (r.device_type == "cpu" and interpreter_enabled()):
+        return "needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)"
+    if r.needs_probs:
+        return "it does not return attention probabilities"
+    if r.dropout:
+        return "it has no dropout on attention probabilities (use dropout 0, or another backend for training)"
+    if r.dense_mask:
+        return "it does not take dense attention masks"
+    if r.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {r.dtype} is not one of {SUPPORTED_DTYPES}"
+    if r.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head dim {r.head_dim} is not one of {SUPPORTED_HEAD_DIMS}"
+    return None
+
+
+def _priority(r: Request) -> float:
+    # first choice on CUDA; below every other backend on CPU, where it only runs interpreted
+    return 100.0 if r.device_type == "cuda" else -1.0
+
+
+register(Backend("triton", triton_attention, unsupported=_unsupported, priority=_priority))

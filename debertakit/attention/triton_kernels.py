@@ -1,0 +1,474 @@
+"""Triton kernels of the `triton` backend: fused disentangled attention, forward and backward.
+
+Notation (one batch row ``b``, one head ``h``; see `eager_attention` for the spec):
+
+    s(i, j) = q_i·k_j · scale + ROW[i, idx(i, j)] + COL[j, idx(i, j)]
+
+``ROW = (Q Krᵀ + p2p bias) · scale`` (B, H, Nq, R) and ``COL = K Qrᵀ · scale`` (B, H, Nk, R) are the N×R products
+of the paper's Algorithm 1, computed once per call by the caller (cheap matmuls, linear in N). ``idx(i, j) =
+LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup table as every other backend
+(never recomputed from the log-bucket formula, whose float rounding would not be exact).
+
+Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is ``LUT[0]`` (left) or ``LUT[2·SAT]``
+(right) whatever the pair. A tile whose distances are all on one saturated side therefore needs one ROW value per
+query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
+Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
+
+Backward, without atomics and without N×N memory. Each pair's score gradient dS(i, j) must reach ROW[i, idx] and
+COL[j, idx]. Within one query row the visible keys have distinct positions (one sequence), so in *distance*
+space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
+block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums the saturated pairs of each side
+into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
+No cell is written twice, so plain stores suffice. The caller folds the (N, 2·SAT + 1) distance buffers into
+(N, R) table rows with one ``index_add`` over the LUT (exact) and finishes with matmuls.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """a @ b, float32 result. PREC 0: tensor cores (16-bit inputs); 1: IEEE float32; 2: operands widened to
+    float32 first, for Triton's CPU interpreter, whose ``tl.dot`` gives wrong bfloat16 products (widening exact
+    16-bit values gives the products a tensor core computes, accumulated in float32)."""
+    if PREC == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif PREC == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _tile(
+    q,
+    k,
+    qpos,
+    qpos_min,
+    qpos_max,
+    row_l,
+    row_r,
+    qseg,
+    offs_m,
+    m_in,
+    offs_n,
+    n_in,
+    ROW,
+    COL,
+    LUT,
+    KPOS,
+    KSEG,
+    KMASK,
+    R,
+    SAT,
+    scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances; whether
+    the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to the
+    program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit."""
+    kpos = tl.load(KPOS + offs_n, mask=n_in, other=0)
+    s = _mm(q, tl.trans(k), PREC) * scale
+    allowed = m_in[:, None] & n_in[None, :]
+    if HAS_KMASK:
+        km = tl.load(KMASK + offs_n, mask=n_in, other=0)
+        allowed = allowed & (km != 0)[None, :]
+    if HAS_SEG:
+        kseg = tl.load(KSEG + offs_n, mask=n_in, other=-1)
+        allowed = allowed & (qseg[:, None] == kseg[None, :])
+    if CAUSAL:
+        allowed = allowed & (kpos[None, :] <= qpos[:, None])
+    delta = qpos[:, None] - kpos[None, :]
+    kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
+    kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
+    far_right = qpos_min - kpos_max >= SAT  # every pair of the tile saturated on the right
+    far_left = qpos_max - kpos_min <= -SAT  # ... on the left
+    if HAS_ROW or HAS_COL:
+        pos = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if far_right:
+            # a row vector plus a column vector: the cost of plain attention
+            if HAS_ROW:
+                pos += row_r[:, None]
+            if HAS_COL:
+                col_r = tl.load(COL + offs_n * R + tl.load(LUT + 2 * SAT), mask=n_in, other=0.0)
+                pos += col_r[None, :]
+        elif far_left:
+            if HAS_ROW:
+                pos += row_l[:, None]
+            if HAS_COL:
+                col_l = tl.load(COL + offs_n * R + tl.load(LUT), mask=n_in, other=0.0)
+                pos += col_l[None, :]
+        else:
+            # the near band: gather through the lookup table
+            ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
+            if HAS_ROW:
+                pos += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0)
+            if HAS_COL:
+                pos += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0)
+        s = s + pos
+    s = tl.where(allowed, s, float("-inf"))
+    return s, allowed, delta, far_left, far_right
+
+
+@triton.jit
+def _query_block(
+    Q,
+    QPOS,
+    QSEG,
+    ROW,
+    LUT,
+    pid_m,
+    NQ,
+    R,
+    SAT,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+):
+    """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_in = offs_m < NQ
+    q = tl.load(Q + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+    qpos = tl.load(QPOS + offs_m, mask=m_in, other=0)
+    qpos_min = tl.min(tl.where(m_in, qpos, _BIG), 0)
+    qpos_max = tl.max(tl.where(m_in, qpos, -_BIG), 0)
+    if HAS_SEG:
+        qseg = tl.load(QSEG + offs_m, mask=m_in, other=-2)
+    else:
+        qseg = qpos
+    row_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_ROW:
+        # the two saturated rows of the table, once per query block (far tiles need nothing else)
+        row_l = tl.load(ROW + (offs_m * R + tl.load(LUT)), mask=m_in, other=0.0)
+        row_r = tl.load(ROW + (offs_m * R + tl.load(LUT + 2 * SAT)), mask=m_in, other=0.0)
+    return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
+
+
+@triton.jit
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    KV_LO,
+    KV_HI,
+    OUT,
+    LSE,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    # 64-bit offsets once per program, to this (b, h) or b; 32-bit offsets inside
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    OUT += q_off * HEAD_DIM
+    LSE += q_off
+    ROW += q_off * R
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    COL += k_off * R
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KV_LO += b * NQ
+    KV_HI += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+
+    offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    )
+    # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
+    lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+        s, allowed, delta, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
+        m_i = m_new
+
+    visible = l_i > 0.0
+    out = acc / tl.where(visible, l_i, 1.0)[:, None]  # rows with no visible key: zeros
+    out_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(OUT + out_ptrs, out.to(OUT.dtype.element_ty), mask=m_in[:, None])
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
+    tl.store(LSE + offs_m, lse, mask=m_in)
+
+
+@triton.jit
+def _dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    KV_LO,
+    KV_HI,
+    DQ,
+    DQ_DIST,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    W = 2 * SAT + 1
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    DO += q_off * HEAD_DIM
+    DQ += q_off * HEAD_DIM
+    LSE += q_off
+    DELTA += q_off
+    ROW += q_off * R
+    DQ_DIST += q_off * W
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    COL += k_off * R
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KV_LO += b * NQ
+    KV_HI += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+
+    offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+    )
+    q_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
+    lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
+    dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
+    lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
+    hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
+    lo = (lo // BLOCK_N) * BLOCK_N
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    far_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+        s, allowed, delta, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
+        dp = _mm(do, tl.trans(v), PREC)
+        ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
+        dq += _mm(ds.to(k.dtype), k, PREC)
+        if HAS_ROW:
+            if far_right:  # one table row for the whole tile: a plain sum (zero on hidden pairs)
+                far_r += tl.sum(ds, 1)
+            elif far_left:
+                far_l += tl.sum(ds, 1)
+            else:
+                left = delta <= -SAT
+                right = delta >= SAT
+                far_l += tl.sum(tl.where(left, ds, 0.0), 1)
+                far_r += tl.sum(tl.where(right, ds, 0.0), 1)
+                near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
+                tl.store(DQ_DIST + (offs_m[:, None] * W + delta + SAT), ds, mask=near)
+    tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
+    if HAS_ROW:
+        tl.store(DQ_DIST + offs_m * W, far_l, mask=m_in)
+        tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r, mask=m_in)
+
+
+@triton.jit
+def _dkv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    ROW,
+    COL,
+    LUT,
+    QPOS,
+    KPOS,
+    QSEG,
+    KSEG,
+    KMASK,
+    Q_LO,
+    Q_HI,
+    DK,
+    DV,
+    DK_DIST,
+    H,
+    NQ,
+    NK,
+    R,
+    SAT,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_KMASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    W = 2 * SAT + 1
+    q_off = (bh * NQ).to(tl.int64)
+    k_off = (bh * NK).to(tl.int64)
+    Q += q_off * HEAD_DIM
+    DO += q_off * HEAD_DIM
+    LSE += q_off
+    DELTA += q_off
+    ROW += q_off * R
+    K += k_off * HEAD_DIM
+    V += k_off * HEAD_DIM
+    DK += k_off * HEAD_DIM
+    DV += k_off * HEAD_DIM
+    COL += k_off * R
+    DK_DIST += k_off * W
+    QPOS += b * NQ
+    QSEG += b * NQ
+    KPOS += b * NK
+    KSEG += b * NK
+    KMASK += b * NK
+    Q_LO += b * NK
+    Q_HI += b * NK
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_in = offs_n < NK
+    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+    v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+    lo = tl.min(tl.load(Q_LO + offs_n, mask=n_in, other=_BIG), 0)
+    hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
+    lo = (lo // BLOCK_M) * BLOCK_M
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    far_l = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+        )
+        do = tl.load(DO + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+        lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
+        dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
+        s, allowed, delta, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])
+        dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
+        dp = _mm(do, tl.trans(v), PREC)
+        ds = p * (dp - dlt[:, None])
+        dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
+        if HAS_COL:
+            if far_right:
+                far_r += tl.sum(ds, 0)
+            elif far_left:
+                far_l += tl.sum(ds, 0)
+            else:
+                left = delta <= -SAT
+                right = delta >= SAT
+                far_l += tl.sum(tl.where(left, ds, 0.0), 0)
+                far_r += tl.sum(tl.where(right, ds, 0.0), 0)
+                near = allowed & (~left) & (~right)
+                tl.store(DK_DIST + (offs_n[None, :] * W + delta + SAT), ds, mask=near)
+    tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
+    tl.store(DV + kv_ptrs, dv, mask=n_in[:, None])
+    if HAS_COL:
+        tl.store(DK_DIST + offs_n * W, far_l, mask=n_in)
+        tl.store(DK_DIST + (offs_n * W + 2 * SAT), far_r, mask=n_in)

@@ -1,0 +1,391 @@
+"""The `triton` backend against `eager`: outputs and the gradients of q, k, v, pos_q and pos_k over a named grid.
+
+Without CUDA the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set below before any kernel is
+defined; the backend imports its kernels on first use), at small shapes and 16×16 tiles, so that the far-tile
+path (distances beyond the saturation of the index), the near band and partial tiles are all exercised. With CUDA
+the same grid runs compiled, and ``@pytest.mark.gpu`` tests repeat it at real sizes.
+
+Tolerances: float32 1e-5 (the kernels run IEEE-precision matmuls and accumulate in float32, like `eager`).
+bfloat16 / float16 are compared with `eager` fed the same rounded inputs, with a bound relative to each tensor's
+largest magnitude: 2e-2 for bfloat16, 4e-3 for float16 (measured: at most 1.0e-2 and 1.0e-3 over the grid). Like
+FlashAttention, the kernels round probabilities and score gradients to the input dtype before the matmuls with V,
+K and Q, which `eager` (all float32) does not; one bfloat16 step is 0.4–0.8%.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from debertakit.attention import (  # noqa: E402
+    Geometry,
+    PositionTerms,
+    RelativeIndex,
+    Request,
+    eager_attention,
+    get_backend,
+    packed_geometry,
+    scale_for,
+)
+from debertakit.attention.triton_backend import triton_attention  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA and TRITON_INTERPRET is not 1", allow_module_level=True)
+
+BUCKETS = RelativeIndex(span=8, bucket_size=8, max_position=16)  # log buckets; saturates at |i - j| = 16
+CLAMP = RelativeIndex(span=8)  # v1 plain clamping; saturates at 8
+WIDE = RelativeIndex(span=64)  # never saturates at these lengths
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int = 33
+    n_k: int | None = None  # keys (default: n)
+    batch: int = 1
+    heads: int = 1
+    dim: int = 16
+    rel: RelativeIndex = BUCKETS
+    terms: PositionTerms = PositionTerms()
+    causal: bool = False
+    key_lengths: tuple[int, ...] | None = None  # padding: valid keys per batch row
+    cu_seqlens: tuple[int, ...] | None = None  # packing: one row, sequences back to back
+    q_offset: int | None = None  # explicit positions: queries at offset + arange(n), keys at arange(n_k)
+
+
+GRID = {
+    "n1": Case(n=1),
+    "n7": Case(n=7),
+    "n33": Case(n=33),
+    "n70_saturating": Case(n=70),
+    "v1_clamp_saturating": Case(n=70, rel=CLAMP),
+    "wide_span": Case(n=33, rel=WIDE),
+    "c2p_only": Case(n=70, terms=PositionTerms(c2p=True, p2c=False)),
+    "p2c_only": Case(n=70, terms=PositionTerms(c2p=False, p2c=True)),
+    "no_position_terms": Case(n=33, terms=PositionTerms(c2p=False, p2c=False)),
+    "p2p": Case(n=33, terms=PositionTerms(c2p=True, p2c=True, p2p=True)),
+    "heads2_d32_batch2": Case(n=33, batch=2, heads=2, dim=32),
+    "padding": Case(n=70, batch=3, key_lengths=(70, 41, 0)),
+    "causal": Case(n=70, causal=True),
+    "causal_padding": Case(n=33, batch=2, causal=True, key_lengths=(33, 20)),
+    "packed": Case(n=70, cu_seqlens=(0, 5, 38, 40, 66)),
+    "packed_causal": Case(n=70, cu_seqlens=(0, 17, 50, 70), causal=True),
+    "cross_nq_lt_nk": Case(n=20, n_k=45),
+    "cross_nq_gt_nk": Case(n=45, n_k=20, rel=CLAMP),
+    "explicit_positions": Case(n=20, n_k=45, q_offset=25, causal=True),
+}
+HALF_GRID = ["n70_saturating", "padding", "packed_causal", "p2c_only"]
+HALF_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def _geometry(c: Case, device: str) -> Geometry:
+    n_k = c.n_k or c.n
+    if c.cu_seqlens is not None:
+        geom, _ = packed_geometry(torch.tensor(c.cu_seqlens, device=device), c.n, causal=c.causal)
+        return geom
+    geom = Geometry(causal=c.causal)
+    if c.key_lengths is not None:
+        geom.key_mask = (
+            torch.arange(n_k, device=device)[None] < torch.tensor(c.key_lengths, device=device)[:, None]
+        )
+    if c.q_offset is not None:
+        geom.q_positions = c.q_offset + torch.arange(c.n, device=device)[None]
+        geom.k_positions = torch.arange(n_k, device=device)[None]
+    return geom
+
+
+def _inputs(c: Case, dtype: torch.dtype, device: str):
+    g = torch.Generator().manual_seed(zlib.crc32(repr(c).encode()))
+    n_k = c.n_k or c.n
+    rows = c.rel.table_rows
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype).requires_grad_()
+
+    q, k, v = (
+        rnd(c.batch, c.heads, c.n, c.dim),
+        rnd(c.batch, c.heads, n_k, c.dim),
+        rnd(c.batch, c.heads, n_k, c.dim),
+    )
+    pos_q = rnd(c.heads, rows, c.dim) if (c.terms.p2c or c.terms.p2p) else None
+    pos_k = rnd(c.heads, rows, c.dim) if (c.terms.c2p or c.terms.p2p) else None
+    return q, k, v, pos_q, pos_k
+
+
+def _run(fn, c: Case, inputs, geom: Geometry, grad_out: torch.Tensor | None = None):
+    q, k, v, pos_q, pos_k = inputs
+    sf = 1 + sum(c.terms)
+    out, _ = fn(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale_for(c.dim, sf), terms=c.terms)
+    leaves = [t for t in inputs if t is not None]
+    if grad_out is None:
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    return out, grads
+
+
+def _compare(c: Case, dtype: torch.dtype, device: str) -> None:
+    geom = _geometry(c, device)
+    inputs = _inputs(c, dtype, device)
+    out, grads = _run(triton_attention, c, inputs, geom)
+    ref, ref_grads = _run(eager_attention, c, inputs, geom)
+    names = ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"]
+    names = names[:4] + [n for n, t in zip(names[4:], inputs[3:]) if t is not None]
+    for name, a, b in zip(names, (out, *grads), (ref, *ref_grads)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        if dtype == torch.float32:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        else:
+            err = (a.float() - b.float()).abs().max().item()
+            bound = HALF_TOLERANCE[dtype] * max(b.float().abs().max().item(), 1e-3)
+            assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("name", list(GRID))
+def test_matches_eager_float32(name):
+    _compare(GRID[name], torch.float32, DEVICE)
+
+
+@pytest.mark.parametrize("name", HALF_GRID)
+def test_matches_eager_bfloat16(name):
+    _compare(GRID[name], torch.bfloat16, DEVICE)
+
+
+@pytest.mark.parametrize("name", ["n70_saturating", "packed"])
+def test_matches_eager_float16(name):
+    _compare(GRID[name], torch.float16, DEVICE)
+
+
+def test_fully_padded_row_outputs_zeros_and_zero_gradients():
+    c = GRID["padding"]  # third batch row has no visible key
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, grads = _run(triton_attention, c, inputs, geom)
+    assert out[2].abs().max() == 0
+    assert grads[0][2].abs().max() == 0 and grads[2][2].abs().max() == 0  # dq, dv of that row
+
+
+def test_saturated_pairs_reach_the_end_rows_of_the_table():
+    """Far pairs only touch the two saturated rows: their gradient must be there, and match eager."""
+    c = GRID["n70_saturating"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    _, grads = _run(triton_attention, c, inputs, geom)
+    _, ref = _run(eager_attention, c, inputs, geom)
+    far_rows = [int(c.rel.lut[0]), int(c.rel.lut[-1])]
+    for got, want in zip(grads[3:], ref[3:]):
+        assert want[:, far_rows].abs().min() > 0
+        torch.testing.assert_close(got[:, far_rows], want[:, far_rows], atol=1e-5, rtol=1e-5)
+
+
+def test_repeated_explicit_positions_are_refused():
+    c = Case(n=8)
+    geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
+    geom.k_positions = geom.q_positions
+    q, k, v, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="distinct key positions|distinct query positions"):
+        triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.1, terms=c.terms)
+
+
+def test_torch_compile_custom_op_forward_and_backward():
+    c = GRID["packed_causal"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+
+    def fn(q, k, v, pos_q, pos_k):
+        return triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms)[0]
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    out = compiled(*inputs)
+    (out * out).sum().backward()
+    got = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    ref = eager_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)[0]
+    (ref * ref).sum().backward()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, t in zip(got, inputs):
+        torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_custom_op_registration_passes_opcheck(monkeypatch):
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes."""
+    from debertakit.attention import triton_backend
+
+    c = GRID["packed_causal"]
+    captured = []
+    real = triton_backend._fwd_op
+
+    def spy(*args):
+        captured.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_fwd_op", spy)
+    triton_attention(
+        *_inputs(c, torch.float32, DEVICE), c.rel, _geometry(c, DEVICE), scale=0.2, terms=c.terms
+    )
+    torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
+
+
+def test_autocast_keeps_float32_scores():
+    """Under autocast the op's own matmuls (the N×R position tables) stay float32: same result as without it."""
+    c = GRID["n33"]
+    geom = _geometry(c, DEVICE)
+    q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
+    pos_q, pos_k = pos_q.float(), pos_k.float()  # what a float32 table projection outside autocast gives
+    plain, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        auto, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms)
+    assert auto.dtype == torch.bfloat16
+    assert torch.equal(auto, plain)
+
+
+def test_registry_declines_what_it_cannot_serve():
+    base = dict(device_type=DEVICE, dtype=torch.bfloat16, seq_len=128, head_dim=64)
+    assert get_backend("triton", Request(**base)).name == "triton"
+    for extra, words in [
+        (dict(dropout=True), "dropout"),
+        (dict(needs_probs=True), "probabilities"),
+        (dict(dense_mask=True), "dense"),
+        (dict(head_dim=48), "head dim"),
+        (dict(dtype=torch.float64), "dtype"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            get_backend("triton", Request(**{**base, **extra}))
+    # on CPU it only runs interpreted: `auto` keeps choosing another backend there
+    assert get_backend("auto", Request(**{**base, "device_type": "cpu"})).name != "triton"
+    assert get_backend("auto", Request(**{**base, "device_type": "cuda"})).name == "triton"
+
+
+def test_registry_refuses_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA"):
+        get_backend("triton", Request(device_type="cpu", dtype=torch.float32, seq_len=8, head_dim=16))
+
+
+def test_model_with_triton_backend_matches_eager():
+    from debertakit.config import DebertaConfig
+    from debertakit.model.backbone import DebertaModel
+
+    cfg = DebertaConfig.preset("tiny-v3", hidden_size=32, num_heads=2, num_layers=1)
+    torch.manual_seed(0)
+    model = DebertaModel(cfg).to(DEVICE).eval()
+    ids = torch.randint(4, cfg.vocab_size, (2, 21), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0
+    ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    for layer in model.encoder.layers:
+        layer.attention.backend_name = "triton"
+    got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def _compile_for_gpu(*args: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("compile_triton_kernels.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "compiled" in done.stdout
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed)."""
+    _compile_for_gpu()
+
+
+# ------------------------------------------------------------------------------------------------ slow / GPU
+SLOW_GRID = {
+    "n130_d64_heads2": Case(n=130, heads=2, dim=64),
+    "packed_many": Case(n=130, cu_seqlens=(0, 1, 9, 40, 41, 100, 128)),
+    "d128": Case(n=40, dim=128, rel=CLAMP),
+}
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_gpu_all_configurations():
+    _compile_for_gpu("--all")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SLOW_GRID))
+def test_matches_eager_slow(name):
+    _compare(SLOW_GRID[name], torch.float32, DEVICE)
+
+
+V3 = RelativeIndex(span=256, bucket_size=256, max_position=512)
+V1 = RelativeIndex(span=512)
+GPU_GRID = {
+    "v3_n1100_d64": Case(n=1100, batch=2, heads=4, dim=64, rel=V3),
+    "v3_padding": Case(n=777, batch=3, heads=2, dim=64, rel=V3, key_lengths=(777, 300, 1)),
+    "v3_packed_causal": Case(n=1500, heads=2, dim=64, rel=V3, cu_seqlens=(0, 100, 700, 1400), causal=True),
+    "v1_d128": Case(n=1100, heads=2, dim=128, rel=V1),
+    "v3_d32_p2c_only": Case(n=600, heads=2, dim=32, rel=V3, terms=PositionTerms(c2p=False, p2c=True)),
+    "v3_cross": Case(n=300, n_k=1200, heads=2, dim=64, rel=V3),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(GPU_GRID))
+def test_matches_eager_gpu(name, dtype):
+    _compare(GPU_GRID[name], dtype, "cuda")
+
+
+@pytest.mark.gpu
+def test_long_sequence_runs_gpu():
+    """N = 65536 at batch 1 (v3 shape, bf16): forward and backward run, memory stays linear in N."""
+    c = Case(n=65536, heads=12, dim=64, rel=V3)
+    q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, "cuda")
+    torch.cuda.reset_peak_memory_stats()
+    out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, Geometry(), scale=scale_for(64, 3), terms=c.terms)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert torch.cuda.max_memory_allocated() < 16 * 2**30  # an N×N fp32 score matrix alone would be 192 GiB
+
+
+# ------------------------------------------------------------------------------------------ GPU benchmark
+def _benchmark_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_gpu.py"
+    spec = importlib.util.spec_from_file_location("attention_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_gpu_benchmark_refuses_to_run_without_cuda(tmp_path, capsys):
+    out = tmp_path / "attention_gpu.json"
+    assert _benchmark_module().main(["--out", str(out)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
+    import json
+
+    out = tmp_path / "smoke.json"
+    assert (
+        _benchmark_module().main(["--smoke", "--sections", "attention", "--lengths", "16", "--out", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"triton", "eager", "sdpa (no position terms)"} <= impls
+    assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in ("triton", "eager"))
