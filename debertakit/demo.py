@@ -33,5 +33,7 @@ def demo(*, out: str = "demo_out", preset: str = "tiny-v3") -> None:
         b = reloaded(input_ids=ids, attention_mask=mask).logits
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {preset} ({n_params / 1e6:.2f}M parameters), saved to {path}")
-    print(f"logits {tuple(a.shape)}; saved and reloaded outputs differ by at most {(a - b).abs().max().item():.2e}")
+    print(
+        f"logits {tuple(a.shape)}; saved and reloaded outputs differ by at most {(a - b).abs().max().item():.2e}"
+    )
     print(f"top tokens at position 0: {a[0, 0].topk(5).indices.tolist()}")

@@ -1,0 +1,431 @@
+"""The `chunked` backend: exact disentangled attention in pure PyTorch, memory O(N·block) per head, any device.
+
+Two observations make it fast (REFERENCE.md §1–2):
+
+* **Relative terms are Toeplitz.** When the distance is ``i - j`` (no explicit positions, or a packed row whose
+  positions restart per sequence), ``c2p(i, j) = C[i, idx(i - j)]`` with ``C = q·Kr^T`` (N×R). Expanding C over
+  the block's distances with one small ``index_select`` and reading it through a skewed strided view gives the
+  c2p block without any per-pair index tensor; p2c is the same on the key side.
+* **The index saturates.** Beyond ``rel.saturation`` the table row is constant per side, so far pairs add only
+  a per-row term (c2p) plus a per-column term (p2c). Each query block needs gathered terms only on its diagonal
+  band; the far field is a rank-one bias. At inference on long inputs the far field goes through PyTorch's fused
+  attention kernel with the two terms folded into two extra dimensions of q and k
+  (``[q, c2p_i, 1]·[k, 1, p2c_j] = q·k + c2p_i + p2c_j``), one causal call per side; the pieces are merged
+  exactly with their log-sum-exp.
+
+Each query block calls ``scaled_dot_product_attention`` with the block's (scaled) relative bias and mask as an
+additive float mask, so scores are float32, hidden pairs get the float32 minimum and autograd runs through the
+blocks (each block is recomputed in the backward pass when the whole score matrix would be large).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from debertakit.attention.eager import PositionTerms
+from debertakit.attention.geometry import Geometry
+from debertakit.attention.registry import Backend, Request, register
+from debertakit.attention.relative import RelativeIndex
+
+# query rows per block: at most MAX_BLOCK, fewer when B·H·block·Nk would exceed BLOCK_ELEMENTS
+MAX_BLOCK = 512
+MIN_BLOCK = 32
+BLOCK_ELEMENTS = 1 << 24
+# recompute blocks in backward (activation checkpointing) when the full B·H·Nq·Nk bias would exceed this
+CHECKPOINT_ELEMENTS = 1 << 25
+# inference uses the fused far-field path when the input is this many saturation distances long
+FAR_FIELD_MIN_RATIO = 3.0
+
+_MIN = torch.finfo(torch.float32).min
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    rel: RelativeIndex | None,
+    geom: Geometry,
+    *,
+    scale: float,
+    terms: PositionTerms,
+    dropout_p: float = 0.0,
+    return_probs: bool = False,
+    block_size: int | None = None,
+    far_field: bool | None = None,
+) -> tuple[Tensor, None]:
+    """Same contract as `eager_attention` (without probabilities).
+
+    ``block_size`` overrides the query rows per block; ``far_field`` forces (True) or forbids (False) the fused
+    far-field path where it applies (None: when the input is long against the saturation distance).
+    """
+    if return_probs:
+        raise ValueError("the chunked backend does not return attention probabilities; use backend 'eager'")
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    terms = terms if rel is not None else PositionTerms(False, False, False)
+    ctx = _Context(q, k, v, pos_q, pos_k, rel, geom, scale, terms)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)
+    )
+    if not needs_grad and dropout_p == 0.0 and far_field is not False and ctx.far_field_ok(far_field):
+        return _far_field(ctx, block_size).to(v.dtype), None
+
+    bq = block_size or _block_rows(B, H, Nk)
+    blocks = [(i0, min(i0 + bq, Nq)) for i0 in range(0, Nq, bq)]
+    recompute = needs_grad and len(blocks) > 1 and B * H * Nq * Nk > CHECKPOINT_ELEMENTS
+    outs = []
+    for i0, i1 in blocks:
+        if recompute:
+            o = checkpoint(_block, ctx, i0, i1, dropout_p, use_reentrant=False)
+        else:
+            o = _block(ctx, i0, i1, dropout_p)
+        outs.append(o)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.to(v.dtype), None
+
+
+def _block_rows(B: int, H: int, Nk: int) -> int:
+    rows = BLOCK_ELEMENTS // max(B * H * Nk, 1)
+    return max(MIN_BLOCK, min(MAX_BLOCK, rows))
+
+
+class _Context:
+    """Per-call tensors shared by the blocks: float32 inputs, the saturated far-field terms, the geometry."""
+
+    def __init__(self, q, k, v, pos_q, pos_k, rel, geom: Geometry, scale: float, terms: PositionTerms):
+        # contiguous (B, H, N, D): the projections hand over transposed views; batched matmuls want them plain
+        self.q, self.k, self.v = (t.float().contiguous() for t in (q, k, v))
+        self.B, self.H, self.Nq, self.D = q.shape
+        self.Nk = k.shape[2]
+        self.rel, self.geom, self.scale, self.terms = rel, geom, scale, terms
+        # position projections with the scale folded in, so the bias comes out scaled
+        self.pos_q = pos_q.float() * scale if pos_q is not None and (terms.p2c or terms.p2p) else None
+        self.pos_k = pos_k.float() * scale if pos_k is not None and (terms.c2p or terms.p2p) else None
+        self.R = (self.pos_q if self.pos_q is not None else self.pos_k).shape[1] if terms.any else 0
+        # per-head p2p values of every table row (H, R), scaled
+        self.p2p = (pos_q.float() * pos_k.float()).sum(-1) * scale if terms.p2p else None
+        # a padding mask that hides nothing is dropped (a cheap check on CPU; a sync elsewhere)
+        self.key_mask = geom.key_mask
+        if self.key_mask is not None and self.key_mask.device.type == "cpu" and bool(self.key_mask.all()):
+            self.key_mask = None
+        # distance == i - j: no explicit positions, or a packed row (positions restart with each sequence and
+        # cross-sequence pairs are hidden, so within a sequence pos_i - pos_j == i - j)
+        plain = geom.q_positions is None and geom.k_positions is None and self.Nq == self.Nk
+        packed = (
+            geom.cu_seqlens is not None
+            and geom.q_positions is geom.k_positions
+            and geom.q_segments is not None
+            and geom.q_segments is geom.k_segments
+            and self.Nq == self.Nk
+        )
+        self.toeplitz = plain or packed
+        # the Toeplitz bias is laid out for keys in reversed order (see `_band`)
+        self.reversed_keys = self.toeplitz and terms.any
+        self.packed = packed
+        if packed:
+            self.cu = [int(x) for x in geom.cu_seqlens.tolist()]
+        self.sat = rel.saturation if rel is not None else 0
+
+    # ---- table rows -------------------------------------------------------------------------------------
+    def rows(self, delta: Tensor) -> Tensor:
+        """Table rows (int64) of distances, clamped into the projected window (hidden pairs may fall outside)."""
+        return self.rel.index(delta).clamp_(0, self.R - 1)
+
+    def row_terms(self, qb: Tensor) -> Tensor | None:
+        """(B|1, H, bq|1, R) float32: the query-side term of every table row: c2p (+ p2p)."""
+        t = qb @ self.pos_k.transpose(-1, -2) if self.terms.c2p else None
+        if self.p2p is not None:
+            pp = self.p2p[None, :, None, :]
+            t = pp if t is None else t + pp
+        return t
+
+    def col_terms(self, kb: Tensor) -> Tensor | None:
+        """(B, H, nk, R) float32: the key-side term of every table row: p2c."""
+        return kb @ self.pos_q.transpose(-1, -2) if self.terms.p2c else None
+
+    def far_field_ok(self, forced: bool | None) -> bool:
+        g = self.geom
+        long_enough = forced or self.Nq >= FAR_FIELD_MIN_RATIO * max(self.sat, MAX_BLOCK)
+        return (
+            self.toeplitz
+            and not self.packed
+            and g.dense is None
+            and g.q_segments is None
+            and self.terms.any
+            and self.Nq > self.sat + 1
+            and bool(long_enough)
+        )
+
+    # ---- masks ------------------------------------------------------------------------------------------
+    def key_range(self, i0: int, i1: int) -> tuple[int, int]:
+        """Keys that queries [i0, i1) may see at all: their sequences (packed), up to i1 (causal)."""
+        ks, ke = 0, self.Nk
+        if self.packed:
+            cu = self.cu
+            s0 = bisect.bisect_right(cu, i0) - 1
+            s1 = bisect.bisect_right(cu, i1 - 1) - 1
+            if s0 < len(cu) - 1:  # rows past cu[-1] are row padding: they see no key
+                ks = cu[s0]
+                ke = cu[min(s1 + 1, len(cu) - 1)] if s1 < len(cu) - 1 else cu[-1]
+            else:
+                ks, ke = i0, i0
+        if self.geom.causal and self.toeplitz:
+            ke = min(ke, i1)
+        return ks, max(ke, ks)
+
+    def allowed(self, i0: int, i1: int, ks: int, ke: int) -> Tensor | None:
+        """(B|1, 1|H, bq, nk) bool for queries [i0, i1) and keys [ks, ke), or None when all are visible."""
+        g = self.geom
+        allowed = None
+
+        def both(m: Tensor) -> Tensor:
+            return m if allowed is None else allowed & m
+
+        if self.key_mask is not None:
+            allowed = both(self.key_mask[:, None, None, ks:ke].bool())
+        if g.q_segments is not None:
+            allowed = both((g.q_segments[:, i0:i1, None] == g.k_segments[:, None, ks:ke])[:, None])
+        if g.causal:
+            qp, kp = self._positions()
+            allowed = both((kp[:, None, ks:ke] <= qp[:, i0:i1, None])[:, None])
+        if g.dense is not None:
+            allowed = both(g.dense[:, :, i0:i1, ks:ke].bool())
+        return allowed
+
+    def _positions(self) -> tuple[Tensor, Tensor]:
+        return self.geom.positions(self.Nq, self.Nk, self.q.device)
+
+    # ---- the scaled relative bias of one block -------------------------------------------------------------
+    def bias(self, i0: int, i1: int, ks: int, ke: int) -> Tensor | None:
+        """(B|1, H, bq, nk) float32 (c2p + p2c + p2p) · scale for queries [i0, i1) and keys [ks, ke)."""
+        if not self.terms.any or ke <= ks:
+            return None
+        qb = self.q[:, :, i0:i1]
+        if self.toeplitz:
+            return self._toeplitz_bias(qb, i0, i1, ks, ke)
+        return self._gathered_bias(qb, i0, i1, ks, ke)
+
+    def _gathered_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
+        """Explicit positions: gather with a (B|1, bq, nk) index (O(N·block), never B·H·N·N)."""
+        qp, kp = self._positions()
+        idx = self.rows(qp[:, i0:i1, None] - kp[:, None, ks:ke])  # (B|1, bq, nk)
+        bq, nk = i1 - i0, ke - ks
+        out = 0
+        rt = self.row_terms(qb)
+        if rt is not None:
+            rt = rt.expand(self.B, self.H, bq, self.R)
+            out = torch.gather(rt, -1, idx[:, None].expand(self.B, self.H, bq, nk))
+        ct = self.col_terms(self.k[:, :, ks:ke])
+        if ct is not None:
+            it = idx.transpose(-1, -2)[:, None].expand(self.B, self.H, nk, bq)
+            out = out + torch.gather(ct, -1, it).transpose(-1, -2)
+        return out
+
+    def _toeplitz_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
+        """distance = i - j, keys in *reversed* order (ke - 1 down to ks): the band of the block through skewed
+        views, the far field as row + column terms. Softmax does not care about the order of the keys."""
+        sat = self.sat
+        jb0 = min(max(ks, i0 - sat + 1), ke)  # keys before jb0 are at distance >= sat from every row
+        jb1 = max(min(ke, i1 - 1 + sat), jb0)  # keys from jb1 on are at distance <= -sat from every row
+        pieces = []
+        if jb1 < ke:
+            pieces.append(self._far(qb, _reverse(self.k[:, :, jb1:ke]), -sat))
+        if jb1 > jb0:
+            pieces.append(self._band(qb, i0, jb0, jb1))
+        if jb0 > ks:
+            pieces.append(self._far(qb, _reverse(self.k[:, :, ks:jb0]), sat))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
+
+    def far_terms(self, x: Tensor, delta: int, side: str) -> Tensor | None:
+        """(B, H, n, 1): the saturated term of distance ``delta`` for queries (side "q": c2p + p2p) or keys
+        (side "k": p2c)."""
+        row = self.rows(torch.tensor([delta], device=x.device))
+        if side == "q":
+            t = x @ self.pos_k.index_select(1, row).transpose(-1, -2) if self.terms.c2p else None
+            if self.p2p is not None:
+                pp = self.p2p.index_select(1, row)[None, :, None, :]  # (1, H, 1, 1)
+                t = pp.expand(x.shape[0], self.H, x.shape[2], 1) if t is None else t + pp
+            return t
+        return x @ self.pos_q.index_select(1, row).transpose(-1, -2) if self.terms.p2c else None
+
+    def _far(self, qb: Tensor, kb: Tensor, delta: int) -> Tensor:
+        """Saturated pairs: row term + column term, (B, H, bq, nk)."""
+        out = torch.zeros((), device=kb.device)
+        r = self.far_terms(qb, delta, "q")
+        if r is not None:
+            out = out + r  # (B, H, bq, 1)
+        c = self.far_terms(kb, delta, "k")
+        if c is not None:
+            out = out + c.transpose(-1, -2)  # (B, H, 1, nk)
+        return out.expand(self.B, self.H, qb.shape[2], kb.shape[2])
+
+    def _band(self, qb: Tensor, i0: int, jb0: int, jb1: int) -> Tensor:
+        """Exact terms for queries [i0, i0 + bq) and keys jb1 - 1 down to jb0, without a per-pair index.
+
+        With δ(t) = i0 - jb0 - (W - 1) + t, t in [0, L), L = bq + W - 1 (every distance of the block):
+        c2p: Eᵀ[t, a] = (Kr·qᵀ)[idx(δ(t)), a] (a row gather), and c2p[a, c'] = Eᵀ[a + c', a]: strides (bq + 1, bq);
+        p2c: Fᵀ[t, c] = (Qr·kᵀ)[idx(δ(t)), c], and p2c[a, c'] = Fᵀ[a + c', W - 1 - c']: strides (W, W - 1).
+        """
+        bq, W = qb.shape[2], jb1 - jb0
+        rows = self.rows(torch.arange(i0 - jb0 - (W - 1), i0 - jb0 + bq, device=qb.device))  # (L,)
+        out = None
+        if self.terms.c2p or self.p2p is not None:
+            ct = self.pos_k @ qb.transpose(-1, -2) if self.terms.c2p else None  # (B, H, R, bq)
+            if self.p2p is not None:
+                pp = self.p2p[None, :, :, None]
+                ct = pp.expand(1, self.H, self.R, bq) if ct is None else ct + pp
+            et = ct.index_select(-2, rows)  # (B|1, H, L, bq)
+            out = et.as_strided(
+                (et.shape[0], self.H, bq, W), (et.stride(0), et.stride(1), bq + 1, bq), et.storage_offset()
+            )
+        if self.terms.p2c:
+            pt = self.pos_q @ self.k[:, :, jb0:jb1].transpose(-1, -2)  # (B, H, R, W)
+            ft = pt.index_select(-2, rows)  # (B, H, L, W)
+            p2c = ft.as_strided(
+                (self.B, self.H, bq, W), (ft.stride(0), ft.stride(1), W, W - 1), ft.storage_offset() + W - 1
+            )
+            out = p2c if out is None else out + p2c
+        return out.expand(self.B, self.H, bq, W)
+
+    def keys(self, ks: int, ke: int) -> tuple[Tensor, Tensor]:
+        """Keys and values [ks, ke), reversed when the bias is (Toeplitz layout)."""
+        k, v = self.k[:, :, ks:ke], self.v[:, :, ks:ke]
+        if self.reversed_keys:
+            return _reverse(k), _reverse(v)
+        return k, v
+
+
+def _reverse(x: Tensor, dim: int = 2) -> Tensor:
+    """x in reversed order along ``dim`` (index_select is much faster than flip on CPU)."""
+    n = x.shape[dim]
+    return x.index_select(dim, torch.arange(n - 1, -1, -1, device=x.device))
+
+
+def _block(ctx: _Context, i0: int, i1: int, dropout_p: float) -> Tensor:
+    """Output rows [i0, i1): (B, H, bq, D) float32."""
+    ks, ke = ctx.key_range(i0, i1)
+    qb = ctx.q[:, :, i0:i1]
+    if ke <= ks:  # no key at all (row padding of a packed batch)
+        return qb.new_zeros(ctx.B, ctx.H, i1 - i0, ctx.v.shape[-1]) + 0 * qb.sum()
+    mask = ctx.bias(i0, i1, ks, ke)
+    allowed = ctx.allowed(i0, i1, ks, ke)
+    kb, vb = ctx.keys(ks, ke)
+    if allowed is not None and ctx.reversed_keys:
+        allowed = _reverse(allowed, -1)
+    if allowed is not None:
+        full = (ctx.B, ctx.H, i1 - i0, ke - ks)
+        mask = torch.zeros((), device=qb.device) if mask is None else mask
+        mask = mask.masked_fill(~allowed, _MIN).expand(full)
+    elif mask is not None:
+        mask = mask.expand(ctx.B, ctx.H, i1 - i0, ke - ks)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, scale=ctx.scale)
+    if allowed is not None:
+        out = out * allowed.any(-1, keepdim=True)  # rows with no visible key -> zeros
+    return out
+
+
+# ---- inference on long inputs: the far field through the fused kernel ------------------------------------
+
+
+def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False, mask: Tensor | None = None):
+    """(out, logsumexp) of softmax(q·kᵀ·scale + mask) v, fused (flash) on CPU, math elsewhere."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, is_causal=causal, attn_mask=mask, scale=scale
+        )
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
+    """No grad, no dropout, distance i - j, N ≫ saturation: band pairs per block, far pairs by two fused calls."""
+    B, H, N, D = ctx.q.shape
+    sat, scale = ctx.sat, ctx.scale
+    q, k, v = ctx.q, ctx.k, ctx.v
+    zeros = q.new_zeros(B, H, N, 1)
+    ones = q.new_ones(B, H, N, 1)
+    key_bias = zeros
+    if ctx.key_mask is not None:  # padding is a per-column term too
+        key_bias = (~ctx.key_mask.bool())[:, None, :, None].to(q.dtype).expand(B, H, N, 1) * -1e30
+
+    def aug(delta: int) -> tuple[Tensor, Tensor]:
+        """[q, row term, 1] and [k, 1, column term]: their product is q·k + c2p(+p2p) + p2c of far pairs."""
+        r = ctx.far_terms(q, delta, "q")
+        c = ctx.far_terms(k, delta, "k")
+        r = zeros if r is None else r / scale  # the kernel multiplies the whole product by the scale
+        c = zeros if c is None else c / scale
+        return torch.cat([q, r, ones], -1), torch.cat([k, ones, c + key_bias], -1)
+
+    v_aug = torch.cat([v, zeros, zeros], -1)
+    outs, lses = [], []
+    # left far field (i - j >= sat): rows sat.., keys ..N-sat, causal
+    qa, ka = aug(sat)
+    o, lse = _flash(qa[:, :, sat:], ka[:, :, : N - sat], v_aug[:, :, : N - sat], scale, causal=True)
+    outs.append(F.pad(o[..., :D], (0, 0, sat, 0)))
+    lses.append(F.pad(lse, (sat, 0), value=float("-inf")))
+    if not ctx.geom.causal:  # right far field (j - i >= sat): the same on reversed sequences
+        qa, ka = aug(-sat)
+        rq, rk, rv = (_reverse(t) for t in (qa[:, :, : N - sat], ka[:, :, sat:], v_aug[:, :, sat:]))
+        o, lse = _flash(rq, rk, rv, scale, causal=True)
+        outs.append(F.pad(_reverse(o)[..., :D], (0, 0, 0, sat)))
+        lses.append(F.pad(_reverse(lse, -1), (0, sat), value=float("-inf")))
+    del qa, ka, v_aug
+    # the band |i - j| < sat, block by block, with the exact bias (keys in reversed order, see `_band`)
+    bq = block_size or MAX_BLOCK
+    band_out, band_lse = [], []
+    for i0 in range(0, N, bq):
+        i1 = min(i0 + bq, N)
+        jb0, jb1 = max(0, i0 - sat + 1), min(N, i1 - 1 + sat)
+        if ctx.geom.causal:
+            jb1 = min(jb1, i1)
+        qb = q[:, :, i0:i1]
+        bias = ctx._band(qb, i0, jb0, jb1)
+        j = torch.arange(jb1 - 1, jb0 - 1, -1, device=q.device)
+        d = torch.arange(i0, i1, device=q.device)[:, None] - j[None]
+        hidden = d.abs() >= sat  # those pairs belong to the far field
+        if ctx.geom.causal:
+            hidden = hidden | (d < 0)
+        allowed = ~hidden[None, None]
+        if ctx.key_mask is not None:
+            allowed = allowed & _reverse(ctx.key_mask[:, None, None, jb0:jb1], -1).bool()
+        bias = bias.masked_fill(~allowed, _MIN).expand(B, H, i1 - i0, jb1 - jb0)
+        o, lse = _flash(qb, _reverse(k[:, :, jb0:jb1]), _reverse(v[:, :, jb0:jb1]), scale, mask=bias)
+        band_out.append(o)
+        band_lse.append(lse)
+    outs.append(torch.cat(band_out, 2))
+    lses.append(torch.cat(band_lse, 2))
+    # exact merge of the softmax pieces
+    lse = torch.stack(lses)  # (P, B, H, N)
+    m = lse.max(0).values
+    w = torch.exp(lse - m)  # (P, B, H, N)
+    out = sum(w_p[..., None] * o_p for w_p, o_p in zip(w, outs)) / w.sum(0)[..., None]
+    if ctx.key_mask is not None:
+        out = out * ctx.key_mask.bool().any(-1)[:, None, None, None]
+    return out
+
+
+def _unsupported(request: Request) -> str | None:
+    if request.needs_probs:
+        return "it does not materialise attention probabilities (output_attentions); use 'eager'"
+    return None
+
+
+def _priority(request: Request) -> float:
+    """Faster than `eager` everywhere it runs (benchmarks/attention_cpu.py); below fused kernels on GPUs."""
+    return 10.0
+
+
+register(Backend("chunked", chunked_attention, unsupported=_unsupported, priority=_priority))
