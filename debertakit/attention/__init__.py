@@ -6,7 +6,7 @@ from debertakit.attention.registry import Backend, Request, available_backends, 
 from debertakit.attention.relative import RelativeIndex, log_bucket, scale_for
 
 # importing a backend registers it
-from debertakit.attention import chunked  # noqa: E402, F401  isort: skip
+from debertakit.attention import chunked, flex  # noqa: E402, F401  isort: skip
 
 __all__ = [
     "Backend",

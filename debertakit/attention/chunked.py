@@ -37,7 +37,7 @@ MAX_BLOCK = 512
 MIN_BLOCK = 32
 BLOCK_ELEMENTS = 1 << 24
 # recompute blocks in backward (activation checkpointing) when the full B·H·Nq·Nk bias would exceed this
-CHECKPOINT_ELEMENTS = 1 << 25
+CHECKPOINT_ELEMENTS = 1 << 22
 # inference uses the fused far-field path when the input is this many saturation distances long
 FAR_FIELD_MIN_RATIO = 3.0
 
