@@ -165,7 +165,17 @@ def worker(args) -> dict:
 
 
 def run_worker(case: str, impls: list[str], model: Path, warmup: bool) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--case", case, "--impls", ",".join(impls), "--model", str(model)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--case",
+        case,
+        "--impls",
+        ",".join(impls),
+        "--model",
+        str(model),
+    ]
     if warmup:
         cmd.append("--warmup")
     env = {
@@ -216,7 +226,9 @@ def verdict(case: str, row: dict) -> str:
         if key == "speedup" and "speedup" in row:
             got = row["speedup"]
             ok = got >= want
-            notes.append(f"speed {got:.2f}x (target >= {want}x){'' if ok else f': MISSED by {want - got:.2f}x'}")
+            notes.append(
+                f"speed {got:.2f}x (target >= {want}x){'' if ok else f': MISSED by {want - got:.2f}x'}"
+            )
         elif key == "memory_fraction" and "memory_fraction" in row:
             tot, pas = row["memory_fraction"], row["pass_memory_fraction"]
             ok = tot <= want
