@@ -108,7 +108,6 @@ def _peak_rss_bytes() -> int:
 
 
 def _load(impl: str, path: str, mode: str):
-    import torch
     import transformers
 
     import debertakit
