@@ -33,9 +33,9 @@ from debertakit.attention.registry import Backend, Request, register
 from debertakit.attention.relative import RelativeIndex
 
 # query rows per block: at most MAX_BLOCK, fewer when B·H·block·Nk would exceed BLOCK_ELEMENTS
-MAX_BLOCK = 512
+MAX_BLOCK = 256
 MIN_BLOCK = 32
-BLOCK_ELEMENTS = 1 << 24
+BLOCK_ELEMENTS = 1 << 22
 # recompute blocks in backward (activation checkpointing) when the full B·H·Nq·Nk bias would exceed this
 CHECKPOINT_ELEMENTS = 1 << 22
 # inference uses the fused far-field path when the input is this many saturation distances long
@@ -126,8 +126,16 @@ class _Context:
             and self.Nq == self.Nk
         )
         self.toeplitz = plain or packed
-        # the Toeplitz bias is laid out for keys in reversed order (see `_band`)
-        self.reversed_keys = self.toeplitz and terms.any
+        # c2p (+ p2p) of every query and p2c of every key against every table row, scaled: (B|1, H, N, R).
+        # N·R, not N²: Algorithm 1 of the paper; blocks gather from them.
+        self.c2p_rows = None
+        if terms.c2p:
+            self.c2p_rows = self.q @ self.pos_k.transpose(-1, -2)
+        if self.p2p is not None:
+            pp = self.p2p[None, :, None, :]
+            self.c2p_rows = pp if self.c2p_rows is None else self.c2p_rows + pp
+        self.p2c_rows = self.k @ self.pos_q.transpose(-1, -2) if terms.p2c else None
+        self._index_cache: dict[tuple, Tensor] = {}
         self.packed = packed
         if packed:
             self.cu = [int(x) for x in geom.cu_seqlens.tolist()]
@@ -229,77 +237,90 @@ class _Context:
         return out
 
     def _toeplitz_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
-        """distance = i - j, keys in *reversed* order (ke - 1 down to ks): the band of the block through skewed
-        views, the far field as row + column terms. Softmax does not care about the order of the keys."""
+        """distance = i - j: gathered terms on the block's band, the far field as row + column terms."""
         sat = self.sat
         jb0 = min(max(ks, i0 - sat + 1), ke)  # keys before jb0 are at distance >= sat from every row
         jb1 = max(min(ke, i1 - 1 + sat), jb0)  # keys from jb1 on are at distance <= -sat from every row
         pieces = []
-        if jb1 < ke:
-            pieces.append(self._far(qb, _reverse(self.k[:, :, jb1:ke]), -sat))
-        if jb1 > jb0:
-            pieces.append(self._band(qb, i0, jb0, jb1))
         if jb0 > ks:
-            pieces.append(self._far(qb, _reverse(self.k[:, :, ks:jb0]), sat))
+            pieces.append(self._far(i0, i1, ks, jb0, sat))
+        if jb1 > jb0:
+            pieces.append(self._band(i0, i1, jb0, jb1))
+        if jb1 < ke:
+            pieces.append(self._far(i0, i1, jb1, ke, -sat))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
-    def far_terms(self, x: Tensor, delta: int, side: str) -> Tensor | None:
-        """(B, H, n, 1): the saturated term of distance ``delta`` for queries (side "q": c2p + p2p) or keys
-        (side "k": p2c)."""
-        row = self.rows(torch.tensor([delta], device=x.device))
-        if side == "q":
-            t = x @ self.pos_k.index_select(1, row).transpose(-1, -2) if self.terms.c2p else None
-            if self.p2p is not None:
-                pp = self.p2p.index_select(1, row)[None, :, None, :]  # (1, H, 1, 1)
-                t = pp.expand(x.shape[0], self.H, x.shape[2], 1) if t is None else t + pp
-            return t
-        return x @ self.pos_q.index_select(1, row).transpose(-1, -2) if self.terms.p2c else None
-
-    def _far(self, qb: Tensor, kb: Tensor, delta: int) -> Tensor:
+    def _far(self, i0: int, i1: int, j0: int, j1: int, delta: int) -> Tensor:
         """Saturated pairs: row term + column term, (B, H, bq, nk)."""
-        out = torch.zeros((), device=kb.device)
-        r = self.far_terms(qb, delta, "q")
-        if r is not None:
-            out = out + r  # (B, H, bq, 1)
-        c = self.far_terms(kb, delta, "k")
-        if c is not None:
-            out = out + c.transpose(-1, -2)  # (B, H, 1, nk)
-        return out.expand(self.B, self.H, qb.shape[2], kb.shape[2])
+        row = self.rows(torch.tensor([delta], device=self.q.device))
+        out = torch.zeros((), device=self.q.device)
+        if self.c2p_rows is not None:
+            out = out + self.c2p_rows[:, :, i0:i1].index_select(-1, row)  # (B|1, H, bq|1, 1)
+        if self.p2c_rows is not None:
+            out = out + self.p2c_rows[:, :, j0:j1].index_select(-1, row).transpose(-1, -2)  # (B, H, 1, nk)
+        return out.expand(self.B, self.H, i1 - i0, j1 - j0)
 
-    def _band(self, qb: Tensor, i0: int, jb0: int, jb1: int) -> Tensor:
-        """Exact terms for queries [i0, i0 + bq) and keys jb1 - 1 down to jb0, without a per-pair index.
+    def far_terms(self, delta: int, side: str) -> Tensor | None:
+        """(B, H, N, 1): the saturated term at distance ``delta`` of every query (side "q": c2p + p2p) or key
+        (side "k": p2c)."""
+        rows = self.c2p_rows if side == "q" else self.p2c_rows
+        if rows is None:
+            return None
+        t = rows.index_select(-1, self.rows(torch.tensor([delta], device=rows.device)))
+        n = self.Nq if side == "q" else self.Nk
+        return t.expand(self.B, self.H, n, 1)
 
-        With δ(t) = i0 - jb0 - (W - 1) + t, t in [0, L), L = bq + W - 1 (every distance of the block):
-        c2p: Eᵀ[t, a] = (Kr·qᵀ)[idx(δ(t)), a] (a row gather), and c2p[a, c'] = Eᵀ[a + c', a]: strides (bq + 1, bq);
-        p2c: Fᵀ[t, c] = (Qr·kᵀ)[idx(δ(t)), c], and p2c[a, c'] = Fᵀ[a + c', W - 1 - c']: strides (W, W - 1).
-        """
-        bq, W = qb.shape[2], jb1 - jb0
-        rows = self.rows(torch.arange(i0 - jb0 - (W - 1), i0 - jb0 + bq, device=qb.device))  # (L,)
+    def band_index(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
+        """(bq, W) int64 table rows of queries [i0, i1) against keys [jb0, jb1); it depends only on i0 - jb0 and
+        the block's shape, so interior blocks share one (cached per call)."""
+        key = (i0 - jb0, i1 - i0, jb1 - jb0)
+        idx = self._index_cache.get(key)
+        if idx is None:
+            dev = self.q.device
+            delta = (
+                (i0 - jb0) + torch.arange(i1 - i0, device=dev)[:, None] - torch.arange(jb1 - jb0, device=dev)
+            )
+            idx = self.rows(delta)
+            self._index_cache = {key: idx}  # keep one: consecutive interior blocks share it
+        return idx
+
+    def _flat_index(self, idx: Tensor, offset: int) -> Tensor:
+        key = (offset, *idx.shape, "flat")
+        flat = self._index_cache.get(key)
+        if flat is None:
+            cols = torch.arange(idx.shape[1], device=idx.device) * self.R
+            flat = self._index_cache[key] = idx + cols
+        return flat
+
+    def _band(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
+        """Exact terms for queries [i0, i1) and keys [jb0, jb1): c2p gathered along the table axis of the query
+        rows, p2c along the table axis of the key rows (then transposed)."""
+        bq, W = i1 - i0, jb1 - jb0
+        idx = self.band_index(i0, i1, jb0, jb1)
         out = None
-        if self.terms.c2p or self.p2p is not None:
-            ct = self.pos_k @ qb.transpose(-1, -2) if self.terms.c2p else None  # (B, H, R, bq)
-            if self.p2p is not None:
-                pp = self.p2p[None, :, :, None]
-                ct = pp.expand(1, self.H, self.R, bq) if ct is None else ct + pp
-            et = ct.index_select(-2, rows)  # (B|1, H, L, bq)
-            out = et.as_strided(
-                (et.shape[0], self.H, bq, W), (et.stride(0), et.stride(1), bq + 1, bq), et.storage_offset()
+        if self.c2p_rows is not None:
+            c = (
+                self.c2p_rows[:, :, i0:i1]
+                if self.c2p_rows.shape[2] > 1
+                else self.c2p_rows.expand(-1, -1, bq, -1)
             )
-        if self.terms.p2c:
-            pt = self.pos_q @ self.k[:, :, jb0:jb1].transpose(-1, -2)  # (B, H, R, W)
-            ft = pt.index_select(-2, rows)  # (B, H, L, W)
-            p2c = ft.as_strided(
-                (self.B, self.H, bq, W), (ft.stride(0), ft.stride(1), W, W - 1), ft.storage_offset() + W - 1
-            )
-            out = p2c if out is None else out + p2c
+            out = torch.gather(c, -1, idx.expand(c.shape[0], self.H, bq, W))
+        if self.p2c_rows is not None:
+            rows = self.p2c_rows[:, :, jb0:jb1]  # (B, H, W, R)
+            if torch.is_grad_enabled() and rows.requires_grad:
+                # key-major gather, then transposed (its backward is a scatter into (W, R))
+                p2c = torch.gather(rows, -1, idx.t().expand(self.B, self.H, W, bq)).transpose(-1, -2)
+            else:
+                # query-major in one gather: element (a, c) sits at c * R + idx[a, c] of the flattened rows
+                # (twice as fast as the transposed add; its backward would materialise bq·W·R, hence no-grad only)
+                flat = self._flat_index(idx, i0 - jb0)
+                src = rows.reshape(self.B, self.H, 1, W * self.R).expand(self.B, self.H, bq, W * self.R)
+                p2c = torch.gather(src, -1, flat.expand(self.B, self.H, bq, W))
+            out = p2c if out is None else (out.add_(p2c) if out.shape[0] == self.B else out + p2c)
         return out.expand(self.B, self.H, bq, W)
 
     def keys(self, ks: int, ke: int) -> tuple[Tensor, Tensor]:
-        """Keys and values [ks, ke), reversed when the bias is (Toeplitz layout)."""
-        k, v = self.k[:, :, ks:ke], self.v[:, :, ks:ke]
-        if self.reversed_keys:
-            return _reverse(k), _reverse(v)
-        return k, v
+        return self.k[:, :, ks:ke], self.v[:, :, ks:ke]
 
 
 def _reverse(x: Tensor, dim: int = 2) -> Tensor:
@@ -317,8 +338,6 @@ def _block(ctx: _Context, i0: int, i1: int, dropout_p: float) -> Tensor:
     mask = ctx.bias(i0, i1, ks, ke)
     allowed = ctx.allowed(i0, i1, ks, ke)
     kb, vb = ctx.keys(ks, ke)
-    if allowed is not None and ctx.reversed_keys:
-        allowed = _reverse(allowed, -1)
     if allowed is not None:
         full = (ctx.B, ctx.H, i1 - i0, ke - ks)
         mask = torch.zeros((), device=qb.device) if mask is None else mask
@@ -363,8 +382,8 @@ def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
 
     def aug(delta: int) -> tuple[Tensor, Tensor]:
         """[q, row term, 1] and [k, 1, column term]: their product is q·k + c2p(+p2p) + p2c of far pairs."""
-        r = ctx.far_terms(q, delta, "q")
-        c = ctx.far_terms(k, delta, "k")
+        r = ctx.far_terms(delta, "q")
+        c = ctx.far_terms(delta, "k")
         r = zeros if r is None else r / scale  # the kernel multiplies the whole product by the scale
         c = zeros if c is None else c / scale
         return torch.cat([q, r, ones], -1), torch.cat([k, ones, c + key_bias], -1)
@@ -383,26 +402,37 @@ def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
         outs.append(F.pad(_reverse(o)[..., :D], (0, 0, 0, sat)))
         lses.append(F.pad(_reverse(lse, -1), (0, sat), value=float("-inf")))
     del qa, ka, v_aug
-    # the band |i - j| < sat, block by block, with the exact bias (keys in reversed order, see `_band`)
+    # the band |i - j| < sat, block by block, with the exact bias
     bq = block_size or MAX_BLOCK
     band_out, band_lse = [], []
+    hidden_cache: dict[tuple[int, int, int], Tensor] = {}
     for i0 in range(0, N, bq):
         i1 = min(i0 + bq, N)
         jb0, jb1 = max(0, i0 - sat + 1), min(N, i1 - 1 + sat)
         if ctx.geom.causal:
             jb1 = min(jb1, i1)
         qb = q[:, :, i0:i1]
-        bias = ctx._band(qb, i0, jb0, jb1)
-        j = torch.arange(jb1 - 1, jb0 - 1, -1, device=q.device)
-        d = torch.arange(i0, i1, device=q.device)[:, None] - j[None]
-        hidden = d.abs() >= sat  # those pairs belong to the far field
-        if ctx.geom.causal:
-            hidden = hidden | (d < 0)
-        allowed = ~hidden[None, None]
+        bias = ctx._band(i0, i1, jb0, jb1)
+        key = (i0 - jb0, i1 - i0, jb1 - jb0)
+        hidden = hidden_cache.get(key)
+        if hidden is None:  # pairs that belong to the far field (and, causal, the future); shared by blocks
+            d = (
+                (i0 - jb0)
+                + torch.arange(i1 - i0, device=q.device)[:, None]
+                - torch.arange(jb1 - jb0, device=q.device)
+            )
+            hidden = d.abs() >= sat
+            if ctx.geom.causal:
+                hidden = hidden | (d < 0)
+            hidden_cache.clear()  # keep one: consecutive interior blocks share it
+            hidden = hidden_cache[key] = hidden[None, None]
         if ctx.key_mask is not None:
-            allowed = allowed & _reverse(ctx.key_mask[:, None, None, jb0:jb1], -1).bool()
-        bias = bias.masked_fill(~allowed, _MIN).expand(B, H, i1 - i0, jb1 - jb0)
-        o, lse = _flash(qb, _reverse(k[:, :, jb0:jb1]), _reverse(v[:, :, jb0:jb1]), scale, mask=bias)
+            hidden = hidden | ~ctx.key_mask[:, None, None, jb0:jb1].bool()
+        if bias.is_contiguous():
+            bias = bias.masked_fill_(hidden, _MIN)
+        else:
+            bias = bias.masked_fill(hidden, _MIN).expand(B, H, i1 - i0, jb1 - jb0)
+        o, lse = _flash(qb, k[:, :, jb0:jb1], v[:, :, jb0:jb1], scale, mask=bias)
         band_out.append(o)
         band_lse.append(lse)
     outs.append(torch.cat(band_out, 2))
