@@ -374,44 +374,17 @@ def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
     B, H, N, D = ctx.q.shape
     sat, scale = ctx.sat, ctx.scale
     q, k, v = ctx.q, ctx.k, ctx.v
-    zeros = q.new_zeros(B, H, N, 1)
-    ones = q.new_ones(B, H, N, 1)
-    key_bias = zeros
-    if ctx.key_mask is not None:  # padding is a per-column term too
-        key_bias = (~ctx.key_mask.bool())[:, None, :, None].to(q.dtype).expand(B, H, N, 1) * -1e30
+    out = q.new_empty(B, H, N, D)
+    lse = q.new_empty(B, H, N)
 
-    def aug(delta: int) -> tuple[Tensor, Tensor]:
-        """[q, row term, 1] and [k, 1, column term]: their product is q·k + c2p(+p2p) + p2c of far pairs."""
-        r = ctx.far_terms(delta, "q")
-        c = ctx.far_terms(delta, "k")
-        r = zeros if r is None else r / scale  # the kernel multiplies the whole product by the scale
-        c = zeros if c is None else c / scale
-        return torch.cat([q, r, ones], -1), torch.cat([k, ones, c + key_bias], -1)
-
-    v_aug = torch.cat([v, zeros, zeros], -1)
-    outs, lses = [], []
-    # left far field (i - j >= sat): rows sat.., keys ..N-sat, causal
-    qa, ka = aug(sat)
-    o, lse = _flash(qa[:, :, sat:], ka[:, :, : N - sat], v_aug[:, :, : N - sat], scale, causal=True)
-    outs.append(F.pad(o[..., :D], (0, 0, sat, 0)))
-    lses.append(F.pad(lse, (sat, 0), value=float("-inf")))
-    if not ctx.geom.causal:  # right far field (j - i >= sat): the same on reversed sequences
-        qa, ka = aug(-sat)
-        rq, rk, rv = (_reverse(t) for t in (qa[:, :, : N - sat], ka[:, :, sat:], v_aug[:, :, sat:]))
-        o, lse = _flash(rq, rk, rv, scale, causal=True)
-        outs.append(F.pad(_reverse(o)[..., :D], (0, 0, 0, sat)))
-        lses.append(F.pad(_reverse(lse, -1), (0, sat), value=float("-inf")))
-    del qa, ka, v_aug
     # the band |i - j| < sat, block by block, with the exact bias
     bq = block_size or MAX_BLOCK
-    band_out, band_lse = [], []
     hidden_cache: dict[tuple[int, int, int], Tensor] = {}
     for i0 in range(0, N, bq):
         i1 = min(i0 + bq, N)
         jb0, jb1 = max(0, i0 - sat + 1), min(N, i1 - 1 + sat)
         if ctx.geom.causal:
             jb1 = min(jb1, i1)
-        qb = q[:, :, i0:i1]
         bias = ctx._band(i0, i1, jb0, jb1)
         key = (i0 - jb0, i1 - i0, jb1 - jb0)
         hidden = hidden_cache.get(key)
@@ -432,19 +405,54 @@ def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
             bias = bias.masked_fill_(hidden, _MIN)
         else:
             bias = bias.masked_fill(hidden, _MIN).expand(B, H, i1 - i0, jb1 - jb0)
-        o, lse = _flash(qb, k[:, :, jb0:jb1], v[:, :, jb0:jb1], scale, mask=bias)
-        band_out.append(o)
-        band_lse.append(lse)
-    outs.append(torch.cat(band_out, 2))
-    lses.append(torch.cat(band_lse, 2))
-    # exact merge of the softmax pieces
-    lse = torch.stack(lses)  # (P, B, H, N)
-    m = lse.max(0).values
-    w = torch.exp(lse - m)  # (P, B, H, N)
-    out = sum(w_p[..., None] * o_p for w_p, o_p in zip(w, outs)) / w.sum(0)[..., None]
+        o, ls = _flash(q[:, :, i0:i1], k[:, :, jb0:jb1], v[:, :, jb0:jb1], scale, mask=bias)
+        out[:, :, i0:i1] = o
+        lse[:, :, i0:i1] = ls
+        del bias, o, ls
+
+    # far pairs: [q, row term, 1]·[k, 1, column term] = q·k + c2p (+ p2p) + p2c; the kernel scales the whole
+    # product, so the extra columns are divided by the scale. Padding is a column term too.
+    key_bias = None
     if ctx.key_mask is not None:
-        out = out * ctx.key_mask.bool().any(-1)[:, None, None, None]
+        key_bias = (~ctx.key_mask.bool())[:, None, :].to(q.dtype) * -1e30  # (B, 1, N)
+    qa = q.new_ones(B, H, N, D + 2)
+    ka = k.new_ones(B, H, N, D + 2)
+    va = v.new_zeros(B, H, N, D + 2)
+    qa[..., :D] = q
+    ka[..., :D] = k
+    va[..., :D] = v
+
+    def set_side(delta: int) -> None:
+        r, c = ctx.far_terms(delta, "q"), ctx.far_terms(delta, "k")
+        qa[..., D] = 0.0 if r is None else r[..., 0] / scale
+        ka[..., D + 1] = 0.0 if c is None else c[..., 0] / scale
+        if key_bias is not None:
+            ka[..., D + 1] += key_bias
+
+    # left far field (i - j >= sat): rows sat.., keys ..N-sat, causal
+    set_side(sat)
+    o, ls = _flash(qa[:, :, sat:], ka[:, :, : N - sat], va[:, :, : N - sat], scale, causal=True)
+    _merge(out[:, :, sat:], lse[:, :, sat:], o[..., :D], ls)
+    del o, ls
+    if not ctx.geom.causal:  # right far field (j - i >= sat): the same on reversed sequences
+        set_side(-sat)
+        rq, rk, rv = (_reverse(t) for t in (qa[:, :, : N - sat], ka[:, :, sat:], va[:, :, sat:]))
+        del qa, ka, va
+        o, ls = _flash(rq, rk, rv, scale, causal=True)
+        del rq, rk, rv
+        _merge(out[:, :, : N - sat], lse[:, :, : N - sat], _reverse(o[..., :D]), _reverse(ls, -1))
+    if ctx.key_mask is not None:
+        out *= ctx.key_mask.bool().any(-1)[:, None, None, None]
     return out
+
+
+def _merge(out: Tensor, lse: Tensor, o: Tensor, lse_o: Tensor) -> None:
+    """In place: (out, lse) <- the softmax over both key sets, from each one's output and log-sum-exp."""
+    m = torch.maximum(lse, lse_o)
+    w_a, w_b = torch.exp(lse - m), torch.exp(lse_o - m)
+    total = w_a + w_b
+    out.mul_((w_a / total)[..., None]).add_(o * (w_b / total)[..., None])
+    lse.copy_(m + torch.log(total))
 
 
 def _unsupported(request: Request) -> str | None:
