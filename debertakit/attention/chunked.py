@@ -36,8 +36,13 @@ from debertakit.attention.relative import RelativeIndex
 MAX_BLOCK = 256
 MIN_BLOCK = 32
 BLOCK_ELEMENTS = 1 << 22
-# recompute blocks in backward (activation checkpointing) when the full B·H·Nq·Nk bias would exceed this
-CHECKPOINT_ELEMENTS = 1 << 22
+# one block when the whole B·H·Nq·Nk bias is this small (56 MiB of float32): short inputs, e.g. training at 512
+SINGLE_BLOCK_ELEMENTS = 14 << 20
+# with several blocks, recompute them in backward (activation checkpointing) for long inputs or a large total
+CHECKPOINT_KEYS = 2048
+CHECKPOINT_ELEMENTS = 1 << 26
+# query rows per block of the far-field path's band
+FAR_BLOCK = 256
 # inference uses the fused far-field path when the input is this many saturation distances long
 FAR_FIELD_MIN_RATIO = 3.0
 
@@ -77,9 +82,11 @@ def chunked_attention(
     if not needs_grad and dropout_p == 0.0 and far_field is not False and ctx.far_field_ok(far_field):
         return _far_field(ctx, block_size).to(v.dtype), None
 
-    bq = block_size or _block_rows(B, H, Nk)
+    bq = block_size or _block_rows(B, H, Nq, Nk)
     blocks = [(i0, min(i0 + bq, Nq)) for i0 in range(0, Nq, bq)]
-    recompute = needs_grad and len(blocks) > 1 and B * H * Nq * Nk > CHECKPOINT_ELEMENTS
+    recompute = (
+        needs_grad and len(blocks) > 1 and (Nk > CHECKPOINT_KEYS or B * H * Nq * Nk > CHECKPOINT_ELEMENTS)
+    )
     outs = []
     for i0, i1 in blocks:
         if recompute:
@@ -91,7 +98,9 @@ def chunked_attention(
     return out.to(v.dtype), None
 
 
-def _block_rows(B: int, H: int, Nk: int) -> int:
+def _block_rows(B: int, H: int, Nq: int, Nk: int) -> int:
+    if B * H * Nq * Nk <= SINGLE_BLOCK_ELEMENTS:
+        return max(Nq, 1)
     rows = BLOCK_ELEMENTS // max(B * H * Nk, 1)
     return max(MIN_BLOCK, min(MAX_BLOCK, rows))
 
@@ -378,7 +387,7 @@ def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
     lse = q.new_empty(B, H, N)
 
     # the band |i - j| < sat, block by block, with the exact bias
-    bq = block_size or MAX_BLOCK
+    bq = block_size or FAR_BLOCK
     hidden_cache: dict[tuple[int, int, int], Tensor] = {}
     for i0 in range(0, N, bq):
         i1 = min(i0 + bq, N)

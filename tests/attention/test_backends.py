@@ -199,6 +199,7 @@ def test_far_field_path_is_taken_and_exact(monkeypatch):
 
 def test_chunked_recomputes_blocks_in_backward(monkeypatch):
     monkeypatch.setattr(chunked_mod, "CHECKPOINT_ELEMENTS", 0)
+    monkeypatch.setattr(chunked_mod, "CHECKPOINT_KEYS", 0)
     case = Case(129, "v3-tiny", geometry="padding", block=32)
     inputs = make(case)
     w = torch.randn(2, 2, 129, 8)
