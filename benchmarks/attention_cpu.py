@@ -301,8 +301,9 @@ def markdown(result: dict) -> str:
         f"- versions: Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         "- model: DeBERTa-v3-base shape (hidden 768, 12 heads, FFN 3072, 256 buckets, max distance 512, "
         "vocabulary 128100), random weights saved by transformers and loaded by debertakit; fp32",
-        "- speed: both models in one process, alternating, median of the timed passes; memory: peak RSS of a fresh "
-        "process running one pass (whole process, and minus the RSS after loading the model = the pass itself)",
+        "- speed: both models in one process, alternating, median of the timed passes; memory: a fresh process per "
+        "implementation loads the model, resets the resident-set high-water mark, runs one pass and reports it "
+        "(whole process incl. the resident weights, and in brackets minus the RSS after loading = the pass itself)",
         "",
         "| case | layers | HF tok/s | ours tok/s | speed-up | HF peak RSS GB (pass) | ours peak RSS GB (pass) "
         "| targets |",
@@ -316,9 +317,21 @@ def markdown(result: dict) -> str:
             f"| {r['mode']} ({r['batch']}, {r['length']}) | {r['layers']} | {hf_t} | {r['ours_tokens_per_s']:.0f} "
             f"| {sp} | {hf_m} | {r['ours_peak_rss_gb']:.2f} ({r['ours_pass_peak_gb']:.2f}) | {r['verdict']} |"
         )
+    if result.get("run_commit"):
+        lines.insert(3, f"- code: commit {result['run_commit']}")
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        )
+        return out.stdout.strip()
+    except OSError:
+        return ""
 
 
 def main() -> None:
@@ -343,6 +356,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine(),
+        "run_commit": _commit(),
         "rows": [],
     }
     with tempfile.TemporaryDirectory() as tmp:

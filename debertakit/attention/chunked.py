@@ -171,7 +171,8 @@ class _Context:
         g = self.geom
         long_enough = forced or self.Nq >= FAR_FIELD_MIN_RATIO * max(self.sat, MAX_BLOCK)
         return (
-            self.toeplitz
+            self.q.device.type == "cpu"  # elsewhere `_flash` has no fused kernel returning the log-sum-exp
+            and self.toeplitz
             and not self.packed
             and g.dense is None
             and g.q_segments is None
