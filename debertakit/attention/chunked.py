@@ -3,9 +3,10 @@
 Two observations make it fast (REFERENCE.md §1–2):
 
 * **Relative terms are Toeplitz.** When the distance is ``i - j`` (no explicit positions, or a packed row whose
-  positions restart per sequence), ``c2p(i, j) = C[i, idx(i - j)]`` with ``C = q·Kr^T`` (N×R). Expanding C over
-  the block's distances with one small ``index_select`` and reading it through a skewed strided view gives the
-  c2p block without any per-pair index tensor; p2c is the same on the key side.
+  positions restart per sequence), ``c2p(i, j) = C[i, idx(i - j)]`` with ``C = q·Kr^T`` (N×R, computed once:
+  the paper's Algorithm 1), and the (block × band) table of rows ``idx(i - j)`` depends only on the block's
+  offset from its band, so consecutive blocks share one small index (never B·H·N·N); p2c is the same on the key
+  side (at inference gathered straight into query-major order from the flattened key rows).
 * **The index saturates.** Beyond ``rel.saturation`` the table row is constant per side, so far pairs add only
   a per-row term (c2p) plus a per-column term (p2c). Each query block needs gathered terms only on its diagonal
   band; the far field is a rank-one bias. At inference on long inputs the far field goes through PyTorch's fused
@@ -15,7 +16,8 @@ Two observations make it fast (REFERENCE.md §1–2):
 
 Each query block calls ``scaled_dot_product_attention`` with the block's (scaled) relative bias and mask as an
 additive float mask, so scores are float32, hidden pairs get the float32 minimum and autograd runs through the
-blocks (each block is recomputed in the backward pass when the whole score matrix would be large).
+blocks (each block is recomputed in the backward pass for long inputs). Explicit positions that are not
+``i - j`` (the Enhanced Mask Decoder's subset of query rows) gather with a (B, block, Nk) index.
 """
 
 from __future__ import annotations
