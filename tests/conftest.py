@@ -1,7 +1,13 @@
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without CUDA, Triton kernels run in Triton's interpreter. The variable must be set before any kernel is
+# defined, and any test module may be the first to import them: set it here, once, for the whole session.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -5,6 +5,9 @@ from debertakit.attention.geometry import Geometry, packed_geometry
 from debertakit.attention.registry import Backend, Request, available_backends, get_backend, register
 from debertakit.attention.relative import RelativeIndex, log_bucket, scale_for
 
+# importing a backend registers it
+from debertakit.attention import chunked, flex  # noqa: E402, F401  isort: skip
+
 try:  # the `triton` backend registers itself when Triton imports; without it the other backends still work
     import triton  # noqa: F401
 except Exception:  # ImportError, or a broken install

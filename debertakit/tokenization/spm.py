@@ -13,7 +13,11 @@ full-width forms, some spaces). transformers 4.x used the character map, as here
 
 One known gap of the `tokenizers` library's precompiled normaliser: when a character that the map expands
 (e.g. "ﬁ", "Ĳ") is followed by a combining mark in the same grapheme, the mark is dropped, while sentencepiece
-keeps it ("ﬁ\u0301" -> "fi" instead of "fí"). Text without such sequences is tokenized exactly as sentencepiece does.
+keeps it ("ﬁ\u0301" -> "fi" instead of "fí"). Text without such sequences is tokenized exactly as sentencepiece does,
+up to exact ties: when two segmentations have the same total score (runs of one character such as "lll" =
+"l"+"ll" = "ll"+"l"), sentencepiece's choice follows the float32 rounding of its Viterbi sums and the
+`tokenizers` library's its float64 sums, so they may pick different (equally scored) segmentations. Hugging
+Face's fast tokenizer has the same gap; the tests check that every difference is such a tie.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ def _inputs(vocab: int, n: int = N, batch: int = B):
     return ids, mask, types
 
 
-def _pair(variant: str, head: str, tmp_path, **hf_extra):
+def _pair(variant: str, head: str, tmp_path, backend: str = "auto", **hf_extra):
     hf = hf_model(variant, head, **hf_extra)
     hf.save_pretrained(tmp_path)
-    ours = debertakit.load_pretrained(tmp_path, head, use_emd=False)
+    ours = debertakit.load_pretrained(tmp_path, head, use_emd=False, attention_backend=backend)
     return hf, ours
 
 
@@ -47,9 +47,10 @@ def _close(a, b, mask, atol, what):
     assert err <= atol, f"{what}: max abs difference {err:.3g} > {atol}"
 
 
+@pytest.mark.parametrize("backend", ["eager", "chunked", "flex"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_hidden_states_and_gradients(variant, tmp_path):
-    hf, ours = _pair(variant, "base", tmp_path)
+def test_hidden_states_and_gradients(variant, backend, tmp_path):
+    hf, ours = _pair(variant, "base", tmp_path, backend)
     vocab = hf.config.vocab_size
     ids, mask, types = _inputs(vocab)
     types = types if hf.config.type_vocab_size > 0 else None

@@ -1,0 +1,481 @@
+"""The `chunked` backend: exact disentangled attention in pure PyTorch, memory O(N·block) per head, any device.
+
+Two observations make it fast (REFERENCE.md §1–2):
+
+* **Relative terms are Toeplitz.** When the distance is ``i - j`` (no explicit positions, or a packed row whose
+  positions restart per sequence), ``c2p(i, j) = C[i, idx(i - j)]`` with ``C = q·Kr^T`` (N×R, computed once:
+  the paper's Algorithm 1), and the (block × band) table of rows ``idx(i - j)`` depends only on the block's
+  offset from its band, so consecutive blocks share one small index (never B·H·N·N); p2c is the same on the key
+  side (at inference gathered straight into query-major order from the flattened key rows).
+* **The index saturates.** Beyond ``rel.saturation`` the table row is constant per side, so far pairs add only
+  a per-row term (c2p) plus a per-column term (p2c). Each query block needs gathered terms only on its diagonal
+  band; the far field is a rank-one bias. At inference on long inputs the far field goes through PyTorch's fused
+  attention kernel with the two terms folded into two extra dimensions of q and k
+  (``[q, c2p_i, 1]·[k, 1, p2c_j] = q·k + c2p_i + p2c_j``), one causal call per side; the pieces are merged
+  exactly with their log-sum-exp.
+
+Each query block calls ``scaled_dot_product_attention`` with the block's (scaled) relative bias and mask as an
+additive float mask, so scores are float32, hidden pairs get the float32 minimum and autograd runs through the
+blocks (each block is recomputed in the backward pass for long inputs). Explicit positions that are not
+``i - j`` (the Enhanced Mask Decoder's subset of query rows) gather with a (B, block, Nk) index.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from debertakit.attention.eager import PositionTerms
+from debertakit.attention.geometry import Geometry
+from debertakit.attention.registry import Backend, Request, register
+from debertakit.attention.relative import RelativeIndex
+
+# query rows per block: at most MAX_BLOCK, fewer when B·H·block·Nk would exceed BLOCK_ELEMENTS
+MAX_BLOCK = 256
+MIN_BLOCK = 32
+BLOCK_ELEMENTS = 1 << 22
+# one block when the whole B·H·Nq·Nk bias is this small (56 MiB of float32): short inputs, e.g. training at 512
+SINGLE_BLOCK_ELEMENTS = 14 << 20
+# with several blocks, recompute them in backward (activation checkpointing) for long inputs or a large total
+CHECKPOINT_KEYS = 2048
+CHECKPOINT_ELEMENTS = 1 << 26
+# query rows per block of the far-field path's band
+FAR_BLOCK = 256
+# inference uses the fused far-field path when the input is this many saturation distances long
+FAR_FIELD_MIN_RATIO = 3.0
+
+_MIN = torch.finfo(torch.float32).min
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    rel: RelativeIndex | None,
+    geom: Geometry,
+    *,
+    scale: float,
+    terms: PositionTerms,
+    dropout_p: float = 0.0,
+    return_probs: bool = False,
+    block_size: int | None = None,
+    far_field: bool | None = None,
+) -> tuple[Tensor, None]:
+    """Same contract as `eager_attention` (without probabilities).
+
+    ``block_size`` overrides the query rows per block; ``far_field`` forces (True) or forbids (False) the fused
+    far-field path where it applies (None: when the input is long against the saturation distance).
+    """
+    if return_probs:
+        raise ValueError("the chunked backend does not return attention probabilities; use backend 'eager'")
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    terms = terms if rel is not None else PositionTerms(False, False, False)
+    ctx = _Context(q, k, v, pos_q, pos_k, rel, geom, scale, terms)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)
+    )
+    if not needs_grad and dropout_p == 0.0 and far_field is not False and ctx.far_field_ok(far_field):
+        return _far_field(ctx, block_size).to(v.dtype), None
+
+    bq = block_size or _block_rows(B, H, Nq, Nk)
+    blocks = [(i0, min(i0 + bq, Nq)) for i0 in range(0, Nq, bq)]
+    recompute = (
+        needs_grad and len(blocks) > 1 and (Nk > CHECKPOINT_KEYS or B * H * Nq * Nk > CHECKPOINT_ELEMENTS)
+    )
+    outs = []
+    for i0, i1 in blocks:
+        if recompute:
+            o = checkpoint(_block, ctx, i0, i1, dropout_p, use_reentrant=False)
+        else:
+            o = _block(ctx, i0, i1, dropout_p)
+        outs.append(o)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.to(v.dtype), None
+
+
+def _block_rows(B: int, H: int, Nq: int, Nk: int) -> int:
+    if B * H * Nq * Nk <= SINGLE_BLOCK_ELEMENTS:
+        return max(Nq, 1)
+    rows = BLOCK_ELEMENTS // max(B * H * Nk, 1)
+    return max(MIN_BLOCK, min(MAX_BLOCK, rows))
+
+
+class _Context:
+    """Per-call tensors shared by the blocks: float32 inputs, the saturated far-field terms, the geometry."""
+
+    def __init__(self, q, k, v, pos_q, pos_k, rel, geom: Geometry, scale: float, terms: PositionTerms):
+        # contiguous (B, H, N, D): the projections hand over transposed views; batched matmuls want them plain
+        self.q, self.k, self.v = (t.float().contiguous() for t in (q, k, v))
+        self.B, self.H, self.Nq, self.D = q.shape
+        self.Nk = k.shape[2]
+        self.rel, self.geom, self.scale, self.terms = rel, geom, scale, terms
+        # position projections with the scale folded in, so the bias comes out scaled
+        self.pos_q = pos_q.float() * scale if pos_q is not None and (terms.p2c or terms.p2p) else None
+        self.pos_k = pos_k.float() * scale if pos_k is not None and (terms.c2p or terms.p2p) else None
+        self.R = (self.pos_q if self.pos_q is not None else self.pos_k).shape[1] if terms.any else 0
+        # per-head p2p values of every table row (H, R), scaled
+        self.p2p = (pos_q.float() * pos_k.float()).sum(-1) * scale if terms.p2p else None
+        # a padding mask that hides nothing is dropped (a cheap check on CPU; a sync elsewhere)
+        self.key_mask = geom.key_mask
+        if self.key_mask is not None and self.key_mask.device.type == "cpu" and bool(self.key_mask.all()):
+            self.key_mask = None
+        # distance == i - j: no explicit positions, or a packed row (positions restart with each sequence and
+        # cross-sequence pairs are hidden, so within a sequence pos_i - pos_j == i - j)
+        plain = geom.q_positions is None and geom.k_positions is None and self.Nq == self.Nk
+        packed = (
+            geom.cu_seqlens is not None
+            and geom.q_positions is geom.k_positions
+            and geom.q_segments is not None
+            and geom.q_segments is geom.k_segments
+            and self.Nq == self.Nk
+        )
+        self.toeplitz = plain or packed
+        # c2p (+ p2p) of every query and p2c of every key against every table row, scaled: (B|1, H, N, R).
+        # N·R, not N²: Algorithm 1 of the paper; blocks gather from them.
+        self.c2p_rows = None
+        if terms.c2p:
+            self.c2p_rows = self.q @ self.pos_k.transpose(-1, -2)
+        if self.p2p is not None:
+            pp = self.p2p[None, :, None, :]
+            self.c2p_rows = pp if self.c2p_rows is None else self.c2p_rows + pp
+        self.p2c_rows = self.k @ self.pos_q.transpose(-1, -2) if terms.p2c else None
+        self._index_cache: dict[tuple, Tensor] = {}
+        self.packed = packed
+        if packed:
+            self.cu = [int(x) for x in geom.cu_seqlens.tolist()]
+        self.sat = rel.saturation if rel is not None else 0
+
+    # ---- table rows -------------------------------------------------------------------------------------
+    def rows(self, delta: Tensor) -> Tensor:
+        """Table rows (int64) of distances, clamped into the projected window (hidden pairs may fall outside)."""
+        return self.rel.index(delta).clamp_(0, self.R - 1)
+
+    def row_terms(self, qb: Tensor) -> Tensor | None:
+        """(B|1, H, bq|1, R) float32: the query-side term of every table row: c2p (+ p2p)."""
+        t = qb @ self.pos_k.transpose(-1, -2) if self.terms.c2p else None
+        if self.p2p is not None:
+            pp = self.p2p[None, :, None, :]
+            t = pp if t is None else t + pp
+        return t
+
+    def col_terms(self, kb: Tensor) -> Tensor | None:
+        """(B, H, nk, R) float32: the key-side term of every table row: p2c."""
+        return kb @ self.pos_q.transpose(-1, -2) if self.terms.p2c else None
+
+    def far_field_ok(self, forced: bool | None) -> bool:
+        g = self.geom
+        long_enough = forced or self.Nq >= FAR_FIELD_MIN_RATIO * max(self.sat, MAX_BLOCK)
+        return (
+            self.q.device.type == "cpu"  # elsewhere `_flash` has no fused kernel returning the log-sum-exp
+            and self.toeplitz
+            and not self.packed
+            and g.dense is None
+            and g.q_segments is None
+            and self.terms.any
+            and self.Nq > self.sat + 1
+            and bool(long_enough)
+        )
+
+    # ---- masks ------------------------------------------------------------------------------------------
+    def key_range(self, i0: int, i1: int) -> tuple[int, int]:
+        """Keys that queries [i0, i1) may see at all: their sequences (packed), up to i1 (causal)."""
+        ks, ke = 0, self.Nk
+        if self.packed:
+            cu = self.cu
+            s0 = bisect.bisect_right(cu, i0) - 1
+            s1 = bisect.bisect_right(cu, i1 - 1) - 1
+            if s0 < len(cu) - 1:  # rows past cu[-1] are row padding: they see no key
+                ks = cu[s0]
+                ke = cu[min(s1 + 1, len(cu) - 1)] if s1 < len(cu) - 1 else cu[-1]
+            else:
+                ks, ke = i0, i0
+        if self.geom.causal and self.toeplitz:
+            ke = min(ke, i1)
+        return ks, max(ke, ks)
+
+    def allowed(self, i0: int, i1: int, ks: int, ke: int) -> Tensor | None:
+        """(B|1, 1|H, bq, nk) bool for queries [i0, i1) and keys [ks, ke), or None when all are visible."""
+        g = self.geom
+        allowed = None
+
+        def both(m: Tensor) -> Tensor:
+            return m if allowed is None else allowed & m
+
+        if self.key_mask is not None:
+            allowed = both(self.key_mask[:, None, None, ks:ke].bool())
+        if g.q_segments is not None:
+            allowed = both((g.q_segments[:, i0:i1, None] == g.k_segments[:, None, ks:ke])[:, None])
+        if g.causal:
+            qp, kp = self._positions()
+            allowed = both((kp[:, None, ks:ke] <= qp[:, i0:i1, None])[:, None])
+        if g.dense is not None:
+            allowed = both(g.dense[:, :, i0:i1, ks:ke].bool())
+        return allowed
+
+    def _positions(self) -> tuple[Tensor, Tensor]:
+        return self.geom.positions(self.Nq, self.Nk, self.q.device)
+
+    # ---- the scaled relative bias of one block -------------------------------------------------------------
+    def bias(self, i0: int, i1: int, ks: int, ke: int) -> Tensor | None:
+        """(B|1, H, bq, nk) float32 (c2p + p2c + p2p) · scale for queries [i0, i1) and keys [ks, ke)."""
+        if not self.terms.any or ke <= ks:
+            return None
+        qb = self.q[:, :, i0:i1]
+        if self.toeplitz:
+            return self._toeplitz_bias(qb, i0, i1, ks, ke)
+        return self._gathered_bias(qb, i0, i1, ks, ke)
+
+    def _gathered_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
+        """Explicit positions: gather with a (B|1, bq, nk) index (O(N·block), never B·H·N·N)."""
+        qp, kp = self._positions()
+        idx = self.rows(qp[:, i0:i1, None] - kp[:, None, ks:ke])  # (B|1, bq, nk)
+        bq, nk = i1 - i0, ke - ks
+        out = 0
+        rt = self.row_terms(qb)
+        if rt is not None:
+            rt = rt.expand(self.B, self.H, bq, self.R)
+            out = torch.gather(rt, -1, idx[:, None].expand(self.B, self.H, bq, nk))
+        ct = self.col_terms(self.k[:, :, ks:ke])
+        if ct is not None:
+            it = idx.transpose(-1, -2)[:, None].expand(self.B, self.H, nk, bq)
+            out = out + torch.gather(ct, -1, it).transpose(-1, -2)
+        return out
+
+    def _toeplitz_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
+        """distance = i - j: gathered terms on the block's band, the far field as row + column terms."""
+        sat = self.sat
+        jb0 = min(max(ks, i0 - sat + 1), ke)  # keys before jb0 are at distance >= sat from every row
+        jb1 = max(min(ke, i1 - 1 + sat), jb0)  # keys from jb1 on are at distance <= -sat from every row
+        pieces = []
+        if jb0 > ks:
+            pieces.append(self._far(i0, i1, ks, jb0, sat))
+        if jb1 > jb0:
+            pieces.append(self._band(i0, i1, jb0, jb1))
+        if jb1 < ke:
+            pieces.append(self._far(i0, i1, jb1, ke, -sat))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
+
+    def _far(self, i0: int, i1: int, j0: int, j1: int, delta: int) -> Tensor:
+        """Saturated pairs: row term + column term, (B, H, bq, nk)."""
+        row = self.rows(torch.tensor([delta], device=self.q.device))
+        out = torch.zeros((), device=self.q.device)
+        if self.c2p_rows is not None:
+            out = out + self.c2p_rows[:, :, i0:i1].index_select(-1, row)  # (B|1, H, bq|1, 1)
+        if self.p2c_rows is not None:
+            out = out + self.p2c_rows[:, :, j0:j1].index_select(-1, row).transpose(-1, -2)  # (B, H, 1, nk)
+        return out.expand(self.B, self.H, i1 - i0, j1 - j0)
+
+    def far_terms(self, delta: int, side: str) -> Tensor | None:
+        """(B, H, N, 1): the saturated term at distance ``delta`` of every query (side "q": c2p + p2p) or key
+        (side "k": p2c)."""
+        rows = self.c2p_rows if side == "q" else self.p2c_rows
+        if rows is None:
+            return None
+        t = rows.index_select(-1, self.rows(torch.tensor([delta], device=rows.device)))
+        n = self.Nq if side == "q" else self.Nk
+        return t.expand(self.B, self.H, n, 1)
+
+    def band_index(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
+        """(bq, W) int64 table rows of queries [i0, i1) against keys [jb0, jb1); it depends only on i0 - jb0 and
+        the block's shape, so interior blocks share one (cached per call)."""
+        key = (i0 - jb0, i1 - i0, jb1 - jb0)
+        idx = self._index_cache.get(key)
+        if idx is None:
+            dev = self.q.device
+            delta = (
+                (i0 - jb0) + torch.arange(i1 - i0, device=dev)[:, None] - torch.arange(jb1 - jb0, device=dev)
+            )
+            idx = self.rows(delta)
+            self._index_cache = {key: idx}  # keep one: consecutive interior blocks share it
+        return idx
+
+    def _flat_index(self, idx: Tensor, offset: int) -> Tensor:
+        key = (offset, *idx.shape, "flat")
+        flat = self._index_cache.get(key)
+        if flat is None:
+            cols = torch.arange(idx.shape[1], device=idx.device) * self.R
+            flat = self._index_cache[key] = idx + cols
+        return flat
+
+    def _band(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
+        """Exact terms for queries [i0, i1) and keys [jb0, jb1): c2p gathered along the table axis of the query
+        rows, p2c along the table axis of the key rows (then transposed)."""
+        bq, W = i1 - i0, jb1 - jb0
+        idx = self.band_index(i0, i1, jb0, jb1)
+        out = None
+        if self.c2p_rows is not None:
+            c = (
+                self.c2p_rows[:, :, i0:i1]
+                if self.c2p_rows.shape[2] > 1
+                else self.c2p_rows.expand(-1, -1, bq, -1)
+            )
+            out = torch.gather(c, -1, idx.expand(c.shape[0], self.H, bq, W))
+        if self.p2c_rows is not None:
+            rows = self.p2c_rows[:, :, jb0:jb1]  # (B, H, W, R)
+            if torch.is_grad_enabled() and rows.requires_grad:
+                # key-major gather, then transposed (its backward is a scatter into (W, R))
+                p2c = torch.gather(rows, -1, idx.t().expand(self.B, self.H, W, bq)).transpose(-1, -2)
+            else:
+                # query-major in one gather: element (a, c) sits at c * R + idx[a, c] of the flattened rows
+                # (twice as fast as the transposed add; its backward would materialise bq·W·R, hence no-grad only)
+                flat = self._flat_index(idx, i0 - jb0)
+                src = rows.reshape(self.B, self.H, 1, W * self.R).expand(self.B, self.H, bq, W * self.R)
+                p2c = torch.gather(src, -1, flat.expand(self.B, self.H, bq, W))
+            out = p2c if out is None else (out.add_(p2c) if out.shape[0] == self.B else out + p2c)
+        return out.expand(self.B, self.H, bq, W)
+
+    def keys(self, ks: int, ke: int) -> tuple[Tensor, Tensor]:
+        return self.k[:, :, ks:ke], self.v[:, :, ks:ke]
+
+
+def _reverse(x: Tensor, dim: int = 2) -> Tensor:
+    """x in reversed order along ``dim`` (index_select is much faster than flip on CPU)."""
+    n = x.shape[dim]
+    return x.index_select(dim, torch.arange(n - 1, -1, -1, device=x.device))
+
+
+def _block(ctx: _Context, i0: int, i1: int, dropout_p: float) -> Tensor:
+    """Output rows [i0, i1): (B, H, bq, D) float32."""
+    ks, ke = ctx.key_range(i0, i1)
+    qb = ctx.q[:, :, i0:i1]
+    if ke <= ks:  # no key at all (row padding of a packed batch)
+        return qb.new_zeros(ctx.B, ctx.H, i1 - i0, ctx.v.shape[-1]) + 0 * qb.sum()
+    mask = ctx.bias(i0, i1, ks, ke)
+    allowed = ctx.allowed(i0, i1, ks, ke)
+    kb, vb = ctx.keys(ks, ke)
+    if allowed is not None:
+        full = (ctx.B, ctx.H, i1 - i0, ke - ks)
+        mask = torch.zeros((), device=qb.device) if mask is None else mask
+        mask = mask.masked_fill(~allowed, _MIN).expand(full)
+    elif mask is not None:
+        mask = mask.expand(ctx.B, ctx.H, i1 - i0, ke - ks)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, scale=ctx.scale)
+    if allowed is not None:
+        out = out * allowed.any(-1, keepdim=True)  # rows with no visible key -> zeros
+    return out
+
+
+# ---- inference on long inputs: the far field through the fused kernel ------------------------------------
+
+
+def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False, mask: Tensor | None = None):
+    """(out, logsumexp) of softmax(q·kᵀ·scale + mask) v, fused (flash) on CPU, math elsewhere."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, is_causal=causal, attn_mask=mask, scale=scale
+        )
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+def _far_field(ctx: _Context, block_size: int | None) -> Tensor:
+    """No grad, no dropout, distance i - j, N ≫ saturation: band pairs per block, far pairs by two fused calls."""
+    B, H, N, D = ctx.q.shape
+    sat, scale = ctx.sat, ctx.scale
+    q, k, v = ctx.q, ctx.k, ctx.v
+    out = q.new_empty(B, H, N, D)
+    lse = q.new_empty(B, H, N)
+
+    # the band |i - j| < sat, block by block, with the exact bias
+    bq = block_size or FAR_BLOCK
+    hidden_cache: dict[tuple[int, int, int], Tensor] = {}
+    for i0 in range(0, N, bq):
+        i1 = min(i0 + bq, N)
+        jb0, jb1 = max(0, i0 - sat + 1), min(N, i1 - 1 + sat)
+        if ctx.geom.causal:
+            jb1 = min(jb1, i1)
+        bias = ctx._band(i0, i1, jb0, jb1)
+        key = (i0 - jb0, i1 - i0, jb1 - jb0)
+        hidden = hidden_cache.get(key)
+        if hidden is None:  # pairs that belong to the far field (and, causal, the future); shared by blocks
+            d = (
+                (i0 - jb0)
+                + torch.arange(i1 - i0, device=q.device)[:, None]
+                - torch.arange(jb1 - jb0, device=q.device)
+            )
+            hidden = d.abs() >= sat
+            if ctx.geom.causal:
+                hidden = hidden | (d < 0)
+            hidden_cache.clear()  # keep one: consecutive interior blocks share it
+            hidden = hidden_cache[key] = hidden[None, None]
+        if ctx.key_mask is not None:
+            hidden = hidden | ~ctx.key_mask[:, None, None, jb0:jb1].bool()
+        if bias.is_contiguous():
+            bias = bias.masked_fill_(hidden, _MIN)
+        else:
+            bias = bias.masked_fill(hidden, _MIN).expand(B, H, i1 - i0, jb1 - jb0)
+        o, ls = _flash(q[:, :, i0:i1], k[:, :, jb0:jb1], v[:, :, jb0:jb1], scale, mask=bias)
+        out[:, :, i0:i1] = o
+        lse[:, :, i0:i1] = ls
+        del bias, o, ls
+
+    # far pairs: [q, row term, 1]·[k, 1, column term] = q·k + c2p (+ p2p) + p2c; the kernel scales the whole
+    # product, so the extra columns are divided by the scale. Padding is a column term too.
+    key_bias = None
+    if ctx.key_mask is not None:
+        key_bias = (~ctx.key_mask.bool())[:, None, :].to(q.dtype) * -1e30  # (B, 1, N)
+    qa = q.new_ones(B, H, N, D + 2)
+    ka = k.new_ones(B, H, N, D + 2)
+    va = v.new_zeros(B, H, N, D + 2)
+    qa[..., :D] = q
+    ka[..., :D] = k
+    va[..., :D] = v
+
+    def set_side(delta: int) -> None:
+        r, c = ctx.far_terms(delta, "q"), ctx.far_terms(delta, "k")
+        qa[..., D] = 0.0 if r is None else r[..., 0] / scale
+        ka[..., D + 1] = 0.0 if c is None else c[..., 0] / scale
+        if key_bias is not None:
+            ka[..., D + 1] += key_bias
+
+    # left far field (i - j >= sat): rows sat.., keys ..N-sat, causal
+    set_side(sat)
+    o, ls = _flash(qa[:, :, sat:], ka[:, :, : N - sat], va[:, :, : N - sat], scale, causal=True)
+    _merge(out[:, :, sat:], lse[:, :, sat:], o[..., :D], ls)
+    del o, ls
+    if not ctx.geom.causal:  # right far field (j - i >= sat): the same on reversed sequences
+        set_side(-sat)
+        rq, rk, rv = (_reverse(t) for t in (qa[:, :, : N - sat], ka[:, :, sat:], va[:, :, sat:]))
+        del qa, ka, va
+        o, ls = _flash(rq, rk, rv, scale, causal=True)
+        del rq, rk, rv
+        _merge(out[:, :, : N - sat], lse[:, :, : N - sat], _reverse(o[..., :D]), _reverse(ls, -1))
+    if ctx.key_mask is not None:
+        out *= ctx.key_mask.bool().any(-1)[:, None, None, None]
+    return out
+
+
+def _merge(out: Tensor, lse: Tensor, o: Tensor, lse_o: Tensor) -> None:
+    """In place: (out, lse) <- the softmax over both key sets, from each one's output and log-sum-exp."""
+    m = torch.maximum(lse, lse_o)
+    w_a, w_b = torch.exp(lse - m), torch.exp(lse_o - m)
+    total = w_a + w_b
+    out.mul_((w_a / total)[..., None]).add_(o * (w_b / total)[..., None])
+    lse.copy_(m + torch.log(total))
+
+
+def _unsupported(request: Request) -> str | None:
+    if request.needs_probs:
+        return "it does not materialise attention probabilities (output_attentions); use 'eager'"
+    return None
+
+
+def _priority(request: Request) -> float:
+    """Faster than `eager` everywhere it runs (benchmarks/attention_cpu.py); below fused kernels on GPUs."""
+    return 10.0
+
+
+register(Backend("chunked", chunked_attention, unsupported=_unsupported, priority=_priority))

@@ -1,0 +1,282 @@
+"""Every fast backend against `eager` (the spec) over a named grid: outputs and the gradients of q, k, v and the
+two position projections.
+
+fp32: atol 1e-5 on outputs; on gradients 1e-5 times max(1, max|reference gradient|), and for the position
+projections also times sqrt(max(1, pairs per table row / 10^4)): their gradients sum one contribution per pair
+that uses a row (over 10^5 at N = 1500 with a 16-row table), and summation order differs between backends, so
+the rounding grows with the number of terms. bf16: the backends compute scores and softmax in float32 from the same bf16 inputs and round
+the output to bf16 once, so they agree with `eager` run on the same bf16 inputs to within two bf16 ulps:
+|got - ref| <= 2**-7 * |ref| + 1e-3 (outputs) and 2**-6 * max|ref grad| (gradients, which are rounded to bf16
+at several steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from debertakit.attention import Geometry, PositionTerms, RelativeIndex, eager_attention, packed_geometry
+from debertakit.attention import chunked as chunked_mod
+from debertakit.attention.chunked import chunked_attention
+from debertakit.attention.flex import flex_disentangled_attention
+from debertakit.model.heads import _query_subset
+
+BACKENDS = {"chunked": chunked_attention, "flex": flex_disentangled_attention}
+TERMS = {
+    "c2p+p2c": PositionTerms(True, True, False),
+    "c2p": PositionTerms(True, False, False),
+    "p2c": PositionTerms(False, True, False),
+    "c2p+p2c+p2p": PositionTerms(True, True, True),
+    "p2p": PositionTerms(False, False, True),
+    "none": PositionTerms(False, False, False),
+}
+# layout -> RelativeIndex arguments. v1: clamped distances, no buckets; v2/v3: log buckets. "tiny" tables
+# saturate at a few tokens, "base" tables are the released sizes (saturating near 512).
+LAYOUTS = {
+    "v1-tiny": dict(span=8),
+    "v1-base": dict(span=512),
+    "v3-tiny": dict(span=16, bucket_size=8, max_position=32),
+    "v3-base": dict(span=256, bucket_size=256, max_position=512),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int
+    layout: str
+    terms: str = "c2p+p2c"
+    geometry: str = "plain"  # plain | padding | packed | causal | packed-causal | subset | dense
+    batch: int = 2
+    heads: int = 2
+    dim: int = 8
+    block: int | None = None  # chunked query block (None: automatic)
+
+
+GRID = {
+    "n1": Case(1, "v3-tiny"),
+    "n7-v1": Case(7, "v1-tiny"),
+    "n7-v3-padding": Case(7, "v3-tiny", geometry="padding"),
+    "n64-v1-base": Case(64, "v1-base", block=16),
+    "n64-v3-c2p": Case(64, "v3-tiny", terms="c2p", geometry="padding"),
+    "n64-v3-p2c": Case(64, "v3-tiny", terms="p2c", geometry="causal"),
+    "n64-v3-p2p": Case(64, "v3-tiny", terms="c2p+p2c+p2p", block=24),
+    "n64-p2p-only": Case(64, "v1-tiny", terms="p2p"),
+    "n64-no-position-terms": Case(64, "v3-tiny", terms="none", geometry="padding"),
+    "n64-dense-mask": Case(64, "v3-tiny", geometry="dense"),
+    "n129-v1-padding": Case(129, "v1-tiny", geometry="padding", block=32),
+    "n129-v3-packed": Case(129, "v3-tiny", geometry="packed", batch=1, block=32),
+    "n129-v3-packed-causal": Case(129, "v3-tiny", geometry="packed-causal", batch=1, block=48),
+    "n129-v3-causal-p2p": Case(129, "v3-tiny", terms="c2p+p2c+p2p", geometry="causal"),
+    "n129-subset-queries": Case(129, "v3-tiny", geometry="subset"),
+    "n129-packed-subset": Case(129, "v1-tiny", geometry="packed-subset", batch=1),
+    "n600-v3-base": Case(600, "v3-base", batch=1, heads=1, dim=4),
+    "n600-v1-base-padding": Case(600, "v1-base", geometry="padding", batch=1, heads=1, dim=4),
+    "n1500-v3-base-saturating": Case(1500, "v3-base", batch=1, heads=1, dim=4),
+    "n1500-v3-tiny-causal": Case(1500, "v3-tiny", geometry="causal", batch=1, heads=1, dim=4, block=256),
+    "n1500-v1-packed": Case(1500, "v1-tiny", terms="c2p+p2c+p2p", geometry="packed", batch=1, heads=1, dim=4),
+}
+
+
+def make(case: Case, dtype=torch.float32, grad: bool = True, seed: int = 0):
+    """Inputs of one case: (q, k, v, pos_q, pos_k, rel, geom)."""
+    g = torch.Generator().manual_seed(seed)
+    B, H, N, D = case.batch, case.heads, case.n, case.dim
+    geom, nq = _geometry(case, g)
+    base = RelativeIndex(**LAYOUTS[case.layout])
+    lo, hi = base.window(geom.max_distance(N, N))
+    rel = base.shifted(lo)
+    R = hi - lo
+
+    def t(*shape):
+        x = torch.randn(*shape, generator=g).to(dtype)
+        return x.requires_grad_(grad)
+
+    q, k, v = t(B, H, nq, D), t(B, H, N, D), t(B, H, N, D)
+    pos_q, pos_k = t(H, R, D), t(H, R, D)
+    return q, k, v, pos_q, pos_k, rel, geom
+
+
+def _geometry(case: Case, g: torch.Generator) -> tuple[Geometry, int]:
+    B, N = case.batch, case.n
+    kind = case.geometry
+    if kind == "plain":
+        return Geometry(), N
+    if kind == "causal":
+        return Geometry(causal=True), N
+    if kind == "padding":
+        mask = torch.ones(B, N, dtype=torch.bool)
+        mask[-1, max(1, N * 2 // 3) :] = False
+        return Geometry(key_mask=mask), N
+    if kind == "dense":
+        return Geometry(dense=torch.rand(B, 1, N, N, generator=g) > 0.3), N
+    if kind.startswith("packed"):
+        cuts = sorted({0, N // 5, N // 5 + 1, N // 2, N - N // 7})
+        cu = torch.tensor(cuts, dtype=torch.int32)  # the last N // 7 tokens are row padding
+        geom, _ = packed_geometry(cu, N, causal=kind == "packed-causal")
+        if kind == "packed-subset":
+            rows = torch.tensor([[0, N // 5, N // 2 + 3, N - 1]])
+            return _query_subset(geom, rows, N), rows.shape[1]
+        return geom, N
+    if kind == "subset":  # the Enhanced Mask Decoder's layout: a few query rows against all keys
+        mask = torch.ones(B, N, dtype=torch.bool)
+        mask[-1, N - 20 :] = False
+        rows = torch.stack([torch.randperm(N, generator=g)[:11].sort().values for _ in range(B)])
+        return _query_subset(Geometry(key_mask=mask), rows, N), rows.shape[1]
+    raise ValueError(kind)
+
+
+def run(fn, inputs, terms: str, **kw):
+    q, k, v, pos_q, pos_k, rel, geom = inputs
+    scale = 1.0 / (q.shape[-1] * 3) ** 0.5
+    out, _ = fn(q, k, v, pos_q, pos_k, rel, geom, scale=scale, terms=TERMS[terms], **kw)
+    return out
+
+
+def grads(out, inputs, weight):
+    tensors = inputs[:5]
+    gs = torch.autograd.grad(out, tensors, weight, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, gs)]
+
+
+NAMES = ["q", "k", "v", "pos_q", "pos_k"]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("name", sorted(GRID))
+def test_matches_eager_fp32(backend, name):
+    case = GRID[name]
+    inputs = make(case)
+    kw = {"block_size": case.block} if backend == "chunked" else {}
+    ref = run(eager_attention, inputs, case.terms)
+    got = run(BACKENDS[backend], inputs, case.terms, **kw)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    err = (got - ref).abs().max().item()
+    assert err <= 1e-5, f"{backend} {name}: output differs by {err:.3g}"
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    for what, a, b in zip(NAMES, grads(got, inputs, w), grads(ref, inputs, w)):
+        err, tol = (a - b).abs().max().item(), grad_tol(b, inputs if what.startswith("pos") else None)
+        assert err <= tol, f"{backend} {name}: gradient of {what} differs by {err:.3g} > {tol:.3g}"
+
+
+def grad_tol(ref: torch.Tensor, inputs=None) -> float:
+    tol = 1e-5 * max(1.0, ref.abs().max().item())
+    if inputs is not None:  # a position-projection gradient: a sum over the pairs that use each table row
+        q, k, pos_q = inputs[0], inputs[1], inputs[3]
+        pairs_per_row = q.shape[0] * q.shape[2] * k.shape[2] / pos_q.shape[1]
+        tol *= max(1.0, pairs_per_row / 1e4) ** 0.5
+    return tol
+
+
+@pytest.mark.parametrize("name", sorted(GRID))
+def test_chunked_inference_paths(name):
+    """Without gradients `chunked` may take the far-field path (fused kernel + augmented q/k); force it on every
+    case where it applies, and check the automatic choice too."""
+    case = GRID[name]
+    inputs = make(case, grad=False)
+    with torch.no_grad():
+        ref = run(eager_attention, inputs, case.terms)
+        for far_field in (None, True):
+            got = run(chunked_attention, inputs, case.terms, far_field=far_field, block_size=case.block)
+            err = (got - ref).abs().max().item()
+            assert err <= 1e-5, f"{name} far_field={far_field}: output differs by {err:.3g}"
+
+
+def test_far_field_path_is_taken_and_exact(monkeypatch):
+    """The far-field path on a long, saturating, padded input (v3 table): it must run and agree with eager."""
+    case = Case(1500, "v3-base", geometry="padding", batch=2, heads=1, dim=4)
+    inputs = make(case, grad=False)
+    calls = []
+    real = chunked_mod._far_field
+    monkeypatch.setattr(chunked_mod, "_far_field", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        got = run(chunked_attention, inputs, case.terms, far_field=True)
+        ref = run(eager_attention, inputs, case.terms)
+    assert calls, "the far-field path was not used"
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_chunked_recomputes_blocks_in_backward(monkeypatch):
+    monkeypatch.setattr(chunked_mod, "CHECKPOINT_ELEMENTS", 0)
+    monkeypatch.setattr(chunked_mod, "CHECKPOINT_KEYS", 0)
+    case = Case(129, "v3-tiny", geometry="padding", block=32)
+    inputs = make(case)
+    w = torch.randn(2, 2, 129, 8)
+    for a, b in zip(
+        grads(run(chunked_attention, inputs, case.terms, block_size=32), inputs, w),
+        grads(run(eager_attention, inputs, case.terms), inputs, w),
+    ):
+        assert (a - b).abs().max().item() <= grad_tol(b)
+
+
+def test_chunked_dropout_runs_and_scales():
+    """Dropout (training) goes through the fused kernel; with p=0.5 outputs differ from p=0 but stay finite."""
+    inputs = make(Case(64, "v3-tiny"))
+    a = run(chunked_attention, inputs, "c2p+p2c", dropout_p=0.5)
+    b = run(chunked_attention, inputs, "c2p+p2c")
+    assert torch.isfinite(a).all() and not torch.allclose(a, b)
+    a.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in inputs[:5])
+
+
+BF16_CASES = ["n7-v3-padding", "n129-v3-packed", "n600-v3-base", "n129-subset-queries"]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("name", BF16_CASES)
+def test_matches_eager_bf16(backend, name):
+    case = GRID[name]
+    inputs = make(case, dtype=torch.bfloat16)
+    ref = run(eager_attention, inputs, case.terms)
+    got = run(BACKENDS[backend], inputs, case.terms)
+    assert got.dtype == torch.bfloat16
+    err = (got.float() - ref.float()).abs()
+    bound = 2**-7 * ref.float().abs() + 1e-3
+    assert bool((err <= bound).all()), (
+        f"{backend} {name}: bf16 output off by {(err - bound).max().item():.3g}"
+    )
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for what, a, b in zip(NAMES, grads(got, inputs, w), grads(ref, inputs, w)):
+        err = (a.float() - b.float()).abs().max().item()
+        bound = 2**-6 * b.float().abs().max().item() + 1e-3
+        assert err <= bound, f"{backend} {name}: bf16 gradient of {what} off by {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("backend", ["eager", *sorted(BACKENDS)])
+def test_packed_equals_each_sequence_alone(backend):
+    """Padding-free batches: one packed row gives, per sequence, the output and gradients of running that
+    sequence alone."""
+    fn = BACKENDS.get(backend, eager_attention)
+    lengths = [5, 40, 1, 23]
+    T = sum(lengths) + 3  # 3 tokens of row padding
+    H, D = 2, 8
+    g = torch.Generator().manual_seed(0)
+    base = RelativeIndex(span=16, bucket_size=8, max_position=32)
+    lo, hi = base.window(max(lengths) - 1)
+    rel = base.shifted(lo)
+    q, k, v = (torch.randn(1, H, T, D, generator=g, requires_grad=True) for _ in range(3))
+    pos_q, pos_k = (torch.randn(H, hi - lo, D, generator=g, requires_grad=True) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    geom, _ = packed_geometry(cu, T)
+    kw = dict(scale=0.2, terms=PositionTerms(True, True, False))
+    packed, _ = fn(q, k, v, pos_q, pos_k, rel, geom, **kw)
+    w = torch.randn(packed.shape, generator=g)
+    g_packed = torch.autograd.grad(packed, (q, k, v, pos_q, pos_k), w)
+    assert packed[:, :, int(cu[-1]) :].abs().max().item() == 0.0, "row padding must output zeros"
+    g_alone = [torch.zeros_like(t) for t in (q, k, v)] + [torch.zeros_like(pos_q), torch.zeros_like(pos_k)]
+    for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        sq, sk, sv = (t[:, :, a:b] for t in (q, k, v))
+        lo_s, hi_s = base.window(b - a - 1)
+        alone, _ = fn(sq, sk, sv, pos_q[:, lo_s - lo : hi_s - lo], pos_k[:, lo_s - lo : hi_s - lo],
+                      base.shifted(lo_s), Geometry(), **kw)  # fmt: skip
+        err = (alone - packed[:, :, a:b]).abs().max().item()
+        assert err <= 1e-5, f"{backend}: sequence {s} differs by {err:.3g} packed vs alone"
+        gs = torch.autograd.grad(alone, (sq, sk, sv, pos_q, pos_k), w[:, :, a:b])
+        for i in range(3):
+            g_alone[i][:, :, a:b] += gs[i]
+        g_alone[3] += gs[3]
+        g_alone[4] += gs[4]
+    for what, a, b in zip(NAMES, g_packed, g_alone):
+        err = (a - b).abs().max().item()
+        assert err <= grad_tol(b), f"{backend}: gradient of {what} differs by {err:.3g} packed vs alone"

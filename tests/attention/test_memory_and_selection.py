@@ -1,0 +1,159 @@
+"""Memory of one `chunked` call at N = 4096 (under a bound an O(N²) implementation cannot meet), backend
+selection ("auto", named, errors), and padding-free batches through the whole model with every backend."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import debertakit
+from debertakit.attention import Geometry, PositionTerms, RelativeIndex, Request, eager_attention, get_backend
+from debertakit.attention.chunked import chunked_attention
+from debertakit.model.backbone import DebertaModel
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Peak bytes held by tensors created by PyTorch operators (a storage counts until its last tensor dies).
+
+    It sees every operator output, so an implementation that materialises an N×N score matrix, index or mask
+    is seen; only scratch space inside a single fused kernel is not.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, list] = {}  # data_ptr -> [bytes, live tensor count]
+        self.current = 0
+        self.peak = 0
+
+    def _release(self, ptr: int) -> None:
+        entry = self.live.get(ptr)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current -= entry[0]
+            del self.live[ptr]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr == 0:
+                continue
+            entry = self.live.get(ptr)
+            if entry is None:
+                entry = self.live[ptr] = [t.untyped_storage().nbytes(), 0]
+                self.current += entry[0]
+                self.peak = max(self.peak, self.current)
+            entry[1] += 1
+            weakref.finalize(t, self._release, ptr)
+        return out
+
+
+N = 4096
+
+
+def _long_inputs(grad: bool):
+    g = torch.Generator().manual_seed(0)
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+    lo, hi = rel.window(N - 1)
+    q, k, v = (torch.randn(1, 1, N, 16, generator=g, requires_grad=grad) for _ in range(3))
+    pos_q, pos_k = (torch.randn(1, hi - lo, 16, generator=g, requires_grad=grad) for _ in range(2))
+    mask = torch.ones(1, N, dtype=torch.bool)
+    mask[:, -100:] = False  # padding: the mask path is exercised too
+    return q, k, v, pos_q, pos_k, rel.shifted(lo), Geometry(key_mask=mask)
+
+
+def _peak(fn, grad: bool) -> int:
+    inputs = _long_inputs(grad)
+    kw = dict(scale=0.1, terms=PositionTerms(True, True, False))
+    with PeakTensorMemory() as mem:
+        if grad:
+            out, _ = fn(*inputs, **kw)
+            out.square().sum().backward()
+            del out
+        else:
+            with torch.no_grad():
+                fn(*inputs, **kw)
+    return mem.peak
+
+
+N2_FP32 = N * N * 4  # one N×N float32 matrix: 64 MiB; an O(N²) implementation holds at least this
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "forward+backward"])
+def test_chunked_memory_at_4096_is_below_one_n_by_n_matrix(grad):
+    peak = _peak(chunked_attention, grad)
+    assert peak < N2_FP32, (
+        f"chunked peak {peak / 2**20:.1f} MiB >= {N2_FP32 / 2**20:.0f} MiB (one N×N fp32 matrix)"
+    )
+
+
+def test_the_memory_probe_sees_an_n_by_n_implementation():
+    """The same probe on `eager` exceeds the bound: the test above can fail."""
+    assert _peak(eager_attention, grad=False) > N2_FP32
+
+
+# ---- selection ---------------------------------------------------------------------------------------------
+
+
+def _request(**kw):
+    base = dict(device_type="cpu", dtype=torch.float32, seq_len=512, head_dim=64)
+    return Request(**{**base, **kw})
+
+
+def test_auto_picks_chunked_on_cpu_and_eager_for_probabilities(caplog):
+    assert get_backend("auto", _request()).name == "chunked"
+    assert get_backend("auto", _request(seq_len=8192, dtype=torch.bfloat16, packed=True)).name == "chunked"
+    assert get_backend("auto", _request(dropout=True)).name == "chunked"
+    assert get_backend("auto", _request(needs_probs=True)).name == "eager"
+
+
+def test_named_backend_that_cannot_run_raises_clearly():
+    with pytest.raises(ValueError, match=r"'chunked' cannot run this call: .*probabilities"):
+        get_backend("chunked", _request(needs_probs=True))
+    with pytest.raises(ValueError, match=r"'flex' cannot run this call: .*dropout"):
+        get_backend("flex", _request(dropout=True))
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flashy'.*'chunked'.*'eager'.*'flex'"):
+        get_backend("flashy", _request())
+
+
+def test_model_with_named_backend_asking_for_attentions_raises():
+    cfg = debertakit.DebertaConfig.preset("tiny-v3", attention_backend="chunked")
+    model = DebertaModel(cfg).eval()
+    with pytest.raises(ValueError, match="chunked"):
+        model(input_ids=torch.randint(5, 50, (1, 9)), output_attentions=True)
+
+
+# ---- padding-free batches through the model ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "chunked", "flex"])
+@pytest.mark.parametrize("preset", ["tiny-v3", "tiny-v1", "tiny-v2"])
+def test_packed_model_equals_each_sequence_alone(backend, preset):
+    cfg = debertakit.DebertaConfig.preset(preset, attention_backend=backend)
+    torch.manual_seed(0)
+    model = DebertaModel(cfg).eval()
+    lengths = [7, 30, 1, 19]
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(5, cfg.vocab_size, (n,), generator=g) for n in lengths]
+    ids = torch.cat(seqs)[None]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    emb = model.embeddings.word(ids).detach().requires_grad_(True)
+    packed = model(inputs_embeds=emb, cu_seqlens=cu).last_hidden_state  # (1, T, H)
+    w = torch.randn(packed.shape, generator=g)
+    (packed * w).sum().backward()
+    for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        e = emb.detach()[:, a:b].clone().requires_grad_(True)
+        alone = model(inputs_embeds=e).last_hidden_state
+        err = (alone - packed[:, a:b]).abs().max().item()
+        assert err <= 1e-5, f"{backend} {preset}: sequence {s} differs by {err:.3g}"
+        (alone * w[:, a:b]).sum().backward()
+        gerr = (e.grad - emb.grad[:, a:b]).abs().max().item()
+        tol = 1e-5 * max(1.0, e.grad.abs().max().item())  # LayerNorm (eps 1e-7) gradients can be large
+        assert gerr <= tol, f"{backend} {preset}: input gradient of sequence {s} differs by {gerr:.3g}"
