@@ -20,6 +20,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.data.shards import prepare
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
+    from debertakit.export.onnx import export
     from debertakit.predict import predict
     from debertakit.tokenization.commands import tokenizer_commands
     from debertakit.train.commands import _finetune_command, plot, pretrain
@@ -34,6 +35,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "plot": plot,
         "finetune": _finetune_command(),
         "predict": predict,
+        "export": export,
     }
 
 
