@@ -238,3 +238,12 @@ def test_bad_options_are_named(shared_data, tmp_path):
         FinetuneConfig(task="sst2", model="m", train="t", dev="d", seeds="1,x")
     with pytest.raises(ValueError, match="layer_decay=1.5"):
         FinetuneConfig(task="sst2", model="m", train="t", dev="d", layer_decay=1.5)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs" / "finetune").glob("*.yaml")))
+def test_finetune_configs_are_valid(path):
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    cfg = FinetuneConfig(**{"model": "DIR", **doc})  # every key a field, every value valid
+    assert cfg.task == doc["task"]
