@@ -21,6 +21,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.export.onnx import export
+    from debertakit.inference.fill_mask import fill_mask_command
     from debertakit.predict import predict
     from debertakit.tokenization.commands import tokenizer_commands
     from debertakit.train.commands import _finetune_command, plot, pretrain
@@ -29,13 +30,14 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "compare": compare,
         "convert": convert,
         "demo": demo,
-        "tokenizer": tokenizer_commands(),
+        "export": export,
+        "fill-mask": fill_mask_command,
+        "finetune": _finetune_command(),
+        "plot": plot,
+        "predict": predict,
         "prepare": prepare,
         "pretrain": pretrain,
-        "plot": plot,
-        "finetune": _finetune_command(),
-        "predict": predict,
-        "export": export,
+        "tokenizer": tokenizer_commands(),
     }
 
 

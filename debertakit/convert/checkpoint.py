@@ -210,8 +210,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def save_pretrained(model: TaskModel, path: str | Path, *, safe_serialization: bool = True) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``) in Hugging Face form."""
+def save_pretrained(
+    model: TaskModel, path: str | Path, *, safe_serialization: bool = True, tokenizer: Any | None = None
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (or ``pytorch_model.bin``) in Hugging Face form, and the
+    tokenizer's files when ``tokenizer`` is given (then the directory is complete: `load_tokenizer` and
+    Hugging Face's AutoTokenizer read it)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     head = model.head_kind
@@ -230,6 +234,8 @@ def save_pretrained(model: TaskModel, path: str | Path, *, safe_serialization: b
     if stale.exists():
         stale.unlink()  # one weights file per directory, so that readers cannot pick an old one
     atomic_write_text(path / "config.json", json.dumps(to_hf_config(model.cfg, head), indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     return path
 
 

@@ -99,14 +99,15 @@ def _target_count(n: int, prob: float, rng: np.random.Generator) -> int:
     return max(count, 1) if n > 0 else 0
 
 
-def select_targets(
+def select_spans(
     tokens: np.ndarray,
     special: np.ndarray,
     cfg: MaskingConfig,
     rng: np.random.Generator,
     word_start: np.ndarray | None = None,
-) -> np.ndarray:
-    """(N,) bool: the positions that become targets. Special positions are never selected.
+) -> list[tuple[int, int]]:
+    """The masked spans of one row as [begin, end) position ranges (non-overlapping, never over a special
+    token), covering about ``mask_prob`` of the non-special tokens.
 
     Args:
         tokens: (N,) token ids of one row.
@@ -116,35 +117,50 @@ def select_targets(
         word_start: (V,) bool table, needed when ``cfg.whole_word``.
     """
     candidates = ~special
-    n = int(candidates.sum())
-    target = _target_count(n, cfg.mask_prob, rng)
-    selected = np.zeros(tokens.shape[0], dtype=bool)
+    target = _target_count(int(candidates.sum()), cfg.mask_prob, rng)
     if target == 0:
-        return selected
+        return []
     if cfg.max_span == 1 and not cfg.whole_word:
-        selected[rng.choice(np.flatnonzero(candidates), size=target, replace=False)] = True
-        return selected
+        picked = np.sort(rng.choice(np.flatnonzero(candidates), size=target, replace=False))
+        return [(int(p), int(p) + 1) for p in picked]
     if cfg.whole_word and word_start is None:
         raise ValueError("whole_word masking needs the vocabulary's word-start table (word_start.npy)")
     begins, ends = _units(candidates, word_start[tokens] if cfg.whole_word else None)
     lengths = np.arange(1, cfg.max_span + 1)
-    span_p = (1.0 / lengths) / (1.0 / lengths).sum()
+    span_p = (1.0 / lengths) / (1.0 / lengths).sum()  # as the official NGramMaskGenerator
     covered = np.zeros(begins.size, dtype=bool)
-    count = 0
+    spans, count = [], 0
     for u in rng.permutation(begins.size):
         if count >= target:
             break
         if covered[u]:
             continue
         span = int(rng.choice(lengths, p=span_p)) if cfg.max_span > 1 else 1
+        last = u
         for j in range(u, min(u + span, begins.size)):
             contiguous = j == u or begins[j] == ends[j - 1]
             size = ends[j] - begins[j]
             if covered[j] or not contiguous or count + size > target:
                 break
             covered[j] = True
-            selected[begins[j] : ends[j]] = True
             count += size
+            last = j
+        if covered[u]:
+            spans.append((int(begins[u]), int(ends[last])))
+    return sorted(spans)
+
+
+def select_targets(
+    tokens: np.ndarray,
+    special: np.ndarray,
+    cfg: MaskingConfig,
+    rng: np.random.Generator,
+    word_start: np.ndarray | None = None,
+) -> np.ndarray:
+    """(N,) bool: the positions that become targets (see `select_spans`)."""
+    selected = np.zeros(tokens.shape[0], dtype=bool)
+    for b, e in select_spans(tokens, special, cfg, rng, word_start):
+        selected[b:e] = True
     return selected
 
 

@@ -102,22 +102,16 @@ class _TokenizersJson:
 
 
 def open_tokenizer(path: str | Path) -> TokenizerHandle:
-    """Load a tokenizer directory (`debertakit.load_tokenizer`, or a bare ``tokenizer.json``)."""
+    """Load a tokenizer directory: `debertakit.load_tokenizer` (spm.model, or GPT-2 BPE files), or a bare
+    ``tokenizer.json`` of the tokenizers library with [PAD] [CLS] [SEP] [UNK] [MASK] tokens."""
+    from debertakit.tokenization import load_tokenizer
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"tokenizer {str(path)!r} does not exist")
-    try:
-        from debertakit.tokenization import load_tokenizer
-    except ImportError:
-        load_tokenizer = None
-    if (
-        load_tokenizer is None
-        or (path / "tokenizer.json").exists()
-        and not any((path / f).exists() for f in ("spm.model", "vocab.json", "tokenizer_config.json"))
-    ):
-        if not (path / "tokenizer.json").exists():
-            raise FileNotFoundError(
-                f"{path} holds no tokenizer (expected spm.model, vocab.json or tokenizer.json)"
-            )
-        return TokenizerHandle(_TokenizersJson(path), path)
+    if path.is_dir() and (path / "tokenizer.json").exists():
+        try:
+            return TokenizerHandle(load_tokenizer(path), path)
+        except FileNotFoundError:
+            return TokenizerHandle(_TokenizersJson(path), path)
     return TokenizerHandle(load_tokenizer(path), path)

@@ -6,6 +6,8 @@ function from `debertakit.objectives` gives the loss when labels are passed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from debertakit.config import DebertaConfig
@@ -36,7 +38,8 @@ from debertakit.objectives import (
 
 
 class TaskModel(nn.Module):
-    """Common part of the task models: the backbone under the name ``deberta``."""
+    """Backbone (under the name ``deberta``) + a head. ``forward`` takes the backbone's inputs plus the head's
+    targets and options; subclasses implement only ``head(out, **targets)``."""
 
     head_kind: str = "base"
 
@@ -50,30 +53,38 @@ class TaskModel(nn.Module):
             if name != "deberta":
                 init_weights(child, self.cfg)
 
-    def _backbone(
-        self, kw: dict, output_hidden_states: bool = False, output_attentions: bool = False
-    ) -> BackboneOutput:
-        return self.deberta(
-            **kw, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        causal: bool | None = None,
+        **targets: Any,
+    ):
+        out = self.deberta(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            cu_seqlens=cu_seqlens,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            causal=causal,
         )
+        return self.head(out, **targets)
+
+    def head(self, out: BackboneOutput, **targets: Any):
+        return out
 
 
-def _inputs(
-    input_ids=None,
-    attention_mask=None,
-    token_type_ids=None,
-    position_ids=None,
-    inputs_embeds=None,
-    cu_seqlens=None,
-) -> dict:
-    return dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        position_ids=position_ids,
-        inputs_embeds=inputs_embeds,
-        cu_seqlens=cu_seqlens,
-    )
+class DebertaBase(TaskModel):
+    """The backbone alone, wrapped so that every model has its backbone under ``deberta``."""
 
 
 class DebertaForMaskedLM(TaskModel):
@@ -81,6 +92,7 @@ class DebertaForMaskedLM(TaskModel):
 
     With ``labels`` (B, N; -100 = not a target), only the labelled positions are decoded: ``logits`` is (M, V)
     for the M targets and ``labels`` in the output holds their labels. Pass ``decode_all=True`` for (B, N, V).
+    ``use_emd`` overrides the configuration for one call.
     """
 
     head_kind = "masked_lm"
@@ -91,22 +103,13 @@ class DebertaForMaskedLM(TaskModel):
         self.emd = EnhancedMaskDecoder(cfg) if not cfg.position_biased_input else None
         self._init_head()
 
-    def forward(
+    def head(
         self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        cu_seqlens: Tensor | None = None,
+        out: BackboneOutput,
         labels: Tensor | None = None,
         use_emd: bool | None = None,
         decode_all: bool = False,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
     ) -> MaskedLMOutput:
-        kw = _inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, cu_seqlens)
-        out = self._backbone(kw, output_hidden_states, output_attentions)
         use_emd = self.cfg.emd_enabled if use_emd is None else use_emd
         if use_emd and self.emd is None:
             raise ValueError(
@@ -118,7 +121,7 @@ class DebertaForMaskedLM(TaskModel):
         else:
             h = out.last_hidden_state if select is None else out.last_hidden_state[select]
         logits = self.lm_head(h, self.deberta.embeddings.word.weight)
-        target = labels if select is None else (labels[select] if labels is not None else None)
+        target = labels if select is None else labels[select]
         loss = masked_lm_loss(logits, target) if target is not None else None
         return MaskedLMOutput(
             logits, loss, target if select is not None else None, out.hidden_states, out.attentions
@@ -135,20 +138,7 @@ class DebertaForReplacedTokenDetection(TaskModel):
         self.rtd_head = ReplacedTokenDetectionHead(cfg)
         self._init_head()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        cu_seqlens: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> TokenLogitsOutput:
-        kw = _inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, cu_seqlens)
-        out = self._backbone(kw, output_hidden_states, output_attentions)
+    def head(self, out: BackboneOutput, labels: Tensor | None = None) -> TokenLogitsOutput:
         logits = self.rtd_head(out.last_hidden_state)  # (B, N)
         loss = replaced_token_loss(logits, labels, out.context.token_mask) if labels is not None else None
         return TokenLogitsOutput(logits, loss, out.hidden_states, out.attentions)
@@ -164,19 +154,7 @@ class DebertaForSequenceClassification(TaskModel):
         self.classification_head = SequenceClassificationHead(cfg, cfg.num_labels)
         self._init_head()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> SequenceOutput:
-        kw = _inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self._backbone(kw, output_hidden_states, output_attentions)
+    def head(self, out: BackboneOutput, labels: Tensor | None = None) -> SequenceOutput:
         logits, pooled = self.classification_head(out.last_hidden_state)
         loss = sequence_loss(logits, labels) if labels is not None else None
         return SequenceOutput(logits, loss, pooled, out.hidden_states, out.attentions)
@@ -190,20 +168,7 @@ class DebertaForTokenClassification(TaskModel):
         self.token_head = TokenClassificationHead(cfg, cfg.num_labels)
         self._init_head()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        cu_seqlens: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> TokenLogitsOutput:
-        kw = _inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, cu_seqlens)
-        out = self._backbone(kw, output_hidden_states, output_attentions)
+    def head(self, out: BackboneOutput, labels: Tensor | None = None) -> TokenLogitsOutput:
         logits = self.token_head(out.last_hidden_state)  # (B, N, C)
         loss = token_loss(logits, labels) if labels is not None else None
         return TokenLogitsOutput(logits, loss, out.hidden_states, out.attentions)
@@ -217,21 +182,10 @@ class DebertaForQuestionAnswering(TaskModel):
         self.qa_head = QuestionAnsweringHead(cfg)
         self._init_head()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        start_positions: Tensor | None = None,
-        end_positions: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+    def head(
+        self, out: BackboneOutput, start_positions: Tensor | None = None, end_positions: Tensor | None = None
     ) -> QuestionAnsweringOutput:
-        kw = _inputs(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-        out = self._backbone(kw, output_hidden_states, output_attentions)
-        start, end = self.qa_head(out.last_hidden_state)
+        start, end = self.qa_head(out.last_hidden_state)  # (B, N) each
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start, end, start_positions, end_positions, out.context.token_mask)
@@ -248,44 +202,25 @@ class DebertaForMultipleChoice(TaskModel):
         self.classification_head = SequenceClassificationHead(cfg, 1)
         self._init_head()
 
-    def forward(
-        self,
-        input_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        inputs_embeds: Tensor | None = None,
-        labels: Tensor | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> SequenceOutput:
+    def forward(self, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None, **kw: Any):
         first = input_ids if input_ids is not None else inputs_embeds
         if first is None or first.dim() < 3:
             raise ValueError("multiple choice expects inputs of shape (batch, choices, length)")
         b, c = first.shape[:2]
 
-        def flat(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.reshape(b * c, *t.shape[2:])
+        def flat(t: Any) -> Any:  # (B, C, N, ...) -> (B*C, N, ...)
+            return t.reshape(b * c, *t.shape[2:]) if isinstance(t, Tensor) and t.dim() >= 3 else t
 
-        kw = _inputs(
-            flat(input_ids),
-            flat(attention_mask),
-            flat(token_type_ids),
-            flat(position_ids),
-            flat(inputs_embeds),
+        kw = {k: (v if k == "labels" else flat(v)) for k, v in kw.items()}
+        return super().forward(
+            input_ids=flat(input_ids), inputs_embeds=flat(inputs_embeds), n_choices=c, **kw
         )
-        out = self._backbone(kw, output_hidden_states, output_attentions)
+
+    def head(self, out: BackboneOutput, n_choices: int, labels: Tensor | None = None) -> SequenceOutput:
         scores, pooled = self.classification_head(out.last_hidden_state)
-        logits = scores.view(b, c)
+        logits = scores.view(-1, n_choices)  # (B, choices)
         loss = sequence_loss(logits, labels) if labels is not None else None
         return SequenceOutput(logits, loss, pooled, out.hidden_states, out.attentions)
-
-
-class DebertaBase(TaskModel):
-    """The backbone alone, wrapped so that every model has its backbone under ``deberta``."""
-
-    def forward(self, *args, **kwargs) -> BackboneOutput:
-        return self.deberta(*args, **kwargs)
 
 
 TASK_MODELS: dict[str, type[TaskModel]] = {

@@ -325,6 +325,15 @@ class DebertaTokenizer:
                     "larger max_length)"
                 ) from None
             raise
+        except BaseException as e:  # a Rust panic arrives as pyo3's PanicException (a BaseException)
+            if type(e).__name__ == "PanicException" and "stride" in str(e):
+                # With a pair, the room of the truncated text can be smaller than the stride; windows that share
+                # `stride` tokens cannot advance then.
+                raise ValueError(
+                    f"stride {stride} is too large for max_length {max_length} with strategy {strategy!r}: the "
+                    f"part of the window left to the truncated text must be longer than the stride ({e})"
+                ) from None
+            raise
         finally:
             backend.no_truncation()
 

@@ -223,10 +223,15 @@ class MetricLog:
 
                 self.tb = SummaryWriter(str(out / "tensorboard"))
 
-    def truncate(self, step: int) -> None:
-        """Forget records after ``step`` (a resumed run writes them again)."""
+    def truncate(self, step: int, drop_eval_at: int | None = None) -> None:
+        """Forget records after ``step`` (a resumed run writes them again), and the evaluation at
+        ``drop_eval_at`` (the final one, which is written again)."""
         if self.enabled and self.path.exists():
-            keep = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
+            keep = []
+            for line in self.path.read_text().splitlines():
+                r = json.loads(line)
+                if r["step"] <= step and not (r["split"] == "eval" and r["step"] == drop_eval_at):
+                    keep.append(line)
             atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -469,6 +474,7 @@ def _pretrain(cfg: PretrainConfig, dist: distributed.Dist) -> dict[str, Any]:
     result: dict[str, Any] = {"step": step, "stopped": False, "models": {}}
     if dist.is_main:
         if valid is not None:
+            log.truncate(step, drop_eval_at=step)  # a finished run started again evaluates again
             result["eval"] = evaluate(objective, valid, cfg, device, amp)
             log.write({"step": step, "split": "eval", **result["eval"]})
         tokenizer_dir = Path(train_shards.tokenizer["path"])
