@@ -58,7 +58,21 @@ def main() -> None:
                 subprocess.run([sys.executable, *shlex.split(cmd)[1:]], check=True)
             rows.append(row(task, sift, cmd, out))
     Path("results/finetune.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(table(rows))
+    text = table(rows)
+    print(text)
+    commands = "\n".join(f"{r['task']} {'SiFT' if r['sift'] else 'base'}:\n    {r['command']}" for r in rows)
+    doc = Path("results/finetune.md").read_text() if Path("results/finetune.md").exists() else ""
+    start, end = "<!-- table -->", "<!-- /table -->"
+    if start in doc and end in doc:
+        head, rest = doc.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        doc = f"{head}{start}\n{text}\n{end}{tail}"
+    start, end = "<!-- commands -->", "<!-- /commands -->"
+    if start in doc and end in doc:
+        head, rest = doc.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        doc = f"{head}{start}\n```\n{commands}\n```\n{end}{tail}"
+    Path("results/finetune.md").write_text(doc)
 
 
 def row(task: str, sift: bool, cmd: str, out: Path) -> dict:
