@@ -247,3 +247,25 @@ def test_finetune_configs_are_valid(path):
     doc = yaml.safe_load(path.read_text())
     cfg = FinetuneConfig(**{"model": "DIR", **doc})  # every key a field, every value valid
     assert cfg.task == doc["task"]
+
+
+def test_boolean_options_are_switches():
+    from debertakit.cli import _commands, _expand_switches
+
+    commands = _commands()
+    argv = ["finetune", "--sift", "--lr", "1e-4", "--group_by_length"]
+    assert _expand_switches(argv, commands) == [
+        "finetune",
+        "--sift",
+        "true",
+        "--lr",
+        "1e-4",
+        "--group_by_length",
+        "true",
+    ]
+    assert _expand_switches(["finetune", "--sift", "false"], commands) == ["finetune", "--sift", "false"]
+    assert _expand_switches(["finetune", "--out", "--x"], commands) == [
+        "finetune",
+        "--out",
+        "--x",
+    ]  # not a bool
