@@ -269,3 +269,45 @@ def test_boolean_options_are_switches():
         "--out",
         "--x",
     ]  # not a bool
+
+
+def test_multiple_choice_and_own_csv(task_tokenizer_dir, tmp_path):
+    """Task families without a shared data set: multiple choice (JSON lines) and users' own CSV."""
+    import random
+
+    rng = random.Random(0)
+    words = ["red", "green", "blue", "cat", "dog", "house", "river", "stone"]
+    with (tmp_path / "mc.jsonl").open("w") as f:
+        for i in range(12):
+            choices = rng.sample(words, 4)
+            f.write(
+                json.dumps({"context": f"story {i}", "question": "pick", "choices": choices, "label": i % 4})
+                + "\n"
+            )
+    with (tmp_path / "own.csv").open("w") as f:
+        f.write("text,label\n")
+        for i in range(12):
+            f.write(f"{rng.choice(words)} {rng.choice(words)},{'yes' if i % 3 else 'no'}\n")
+    for task, data in (("multiple_choice", "mc.jsonl"), ("text_classification", "own.csv")):
+        out = tmp_path / task
+        cfg = FinetuneConfig(
+            task=task,
+            model="tiny-v3",
+            tokenizer=str(task_tokenizer_dir),
+            train=str(tmp_path / data),
+            dev=str(tmp_path / data),
+            out=str(out),
+            max_steps=2,
+            batch_size=4,
+            lr=1e-3,
+            progress=False,
+            num_threads=1,
+        )
+        result = finetune(cfg)
+        assert "accuracy" in result["metrics"]
+        preds = _lines(out / "predictions.jsonl")
+        assert len(preds) == 12
+        if task == "multiple_choice":
+            assert all(len(p["probabilities"]) == 4 for p in preds)
+        else:
+            assert {p["label"] for p in preds} <= {"no", "yes"}
