@@ -1,6 +1,7 @@
 """Fine-tuning results: runs the commands below (skipping rows whose summary exists) and writes finetune.md and
 finetune.json from the run files. Run from the repository root: `python results/finetune_results.py [--only]`
-(`--only` rebuilds the table from existing runs without training)."""
+(`--only` rebuilds the table from existing runs without training; `--part=I/N` runs every N-th row from row I,
+for N processes side by side)."""
 
 from __future__ import annotations
 
@@ -12,30 +13,38 @@ from pathlib import Path
 
 D = "../shared/data"
 MODEL = "runs/pretrain-small/final/discriminator"
-COMMON = f"--model {MODEL} --epochs 1 --batch-size 16 --lr 2e-4 --seeds 1,2 --num-threads 2 --progress false"
+COMMON = (
+    f"--model {MODEL} --epochs 2 --batch-size 16 --lr 3e-4 --seeds 1,2,3 --num-threads 1 --progress false"
+)
 
 TASKS = [
-    ("sst2", f"--train {D}/glue/SST-2/train.tsv --dev {D}/glue/SST-2/dev.tsv --train-limit 512 --max-length 64"),
-    ("cola", f"--train {D}/glue/CoLA/train.tsv --dev {D}/glue/CoLA/dev.tsv --train-limit 512 --max-length 64"),
+    (
+        "sst2",
+        f"--train {D}/glue/SST-2/train.tsv --dev {D}/glue/SST-2/dev.tsv --train-limit 1000 --max-length 64",
+    ),
+    (
+        "cola",
+        f"--train {D}/glue/CoLA/train.tsv --dev {D}/glue/CoLA/dev.tsv --train-limit 1000 --max-length 64",
+    ),
     (
         "mrpc",
         f"--train {D}/glue/MRPC/msr_paraphrase_train.txt --dev {D}/glue/MRPC/msr_paraphrase_test.txt "
-        "--train-limit 512 --dev-limit 500 --max-length 128",
+        "--train-limit 1000 --dev-limit 500 --max-length 128",
     ),
-    ("rte", f"--train {D}/glue/RTE/train.tsv --dev {D}/glue/RTE/dev.tsv --train-limit 512 --max-length 128"),
+    ("rte", f"--train {D}/glue/RTE/train.tsv --dev {D}/glue/RTE/dev.tsv --train-limit 1000 --max-length 128"),
     (
         "stsb",
-        f"--train {D}/glue/STS-B/train.tsv --dev {D}/glue/STS-B/dev.tsv --train-limit 512 --dev-limit 500 "
+        f"--train {D}/glue/STS-B/train.tsv --dev {D}/glue/STS-B/dev.tsv --train-limit 1000 --dev-limit 500 "
         "--max-length 64",
     ),
     (
         "squad",
         f"--train {D}/squad/dev-v1.1-part1.json --dev {D}/squad/dev-v1.1-part1.json --train-limit 512 "
-        "--dev-offset 3000 --dev-limit 300 --max-length 192 --doc-stride 64",
+        "--dev-offset 3000 --dev-limit 300 --max-length 160 --doc-stride 48",
     ),
     (
         "conll2003",
-        f"--train {D}/conll2003/eng.train --dev {D}/conll2003/eng.testa --train-limit 512 --dev-limit 500 "
+        f"--train {D}/conll2003/eng.train --dev {D}/conll2003/eng.testa --train-limit 1000 --dev-limit 500 "
         "--max-length 128",
     ),
 ]
@@ -43,20 +52,26 @@ TASKS = [
 
 def command(task: str, args: str, sift: bool) -> str:
     out = f"runs/ft/{task}/{'sift' if sift else 'base'}"
-    return f"python -m debertakit finetune --task {task} {args} {COMMON}{' --sift' if sift else ''} --out {out}"
+    return (
+        f"python -m debertakit finetune --task {task} {args} {COMMON}{' --sift' if sift else ''} --out {out}"
+    )
 
 
 def main() -> None:
     only = "--only" in sys.argv
+    part = next((a.split("=")[1] for a in sys.argv if a.startswith("--part=")), "0/1")
+    index, parts = (int(x) for x in part.split("/"))
     rows = []
-    for task, args in TASKS:
+    for i, (task, args) in enumerate(TASKS):
         for sift in (False, True):
             cmd = command(task, args, sift)
             out = Path(cmd.split("--out ")[1])
-            if not (out / "summary.json").exists() and not only:
+            mine = (i + sift) % parts == index
+            if not (out / "summary.json").exists() and not only and mine:
                 print(f"$ {cmd}", flush=True)
                 subprocess.run([sys.executable, *shlex.split(cmd)[1:]], check=True)
             rows.append(row(task, sift, cmd, out))
+            rows[-1]["majority"] = majority_baseline(task, args)
     Path("results/finetune.json").write_text(json.dumps(rows, indent=2) + "\n")
     text = table(rows)
     print(text)
@@ -73,6 +88,11 @@ def main() -> None:
         tail = rest.split(end, 1)[1]
         doc = f"{head}{start}\n```\n{commands}\n```\n{end}{tail}"
     Path("results/finetune.md").write_text(doc)
+    readme = Path("README.md").read_text()
+    start, end = "<!-- finetune-table -->", "<!-- /finetune-table -->"
+    if start in readme and end in readme:
+        head, rest = readme.split(start, 1)
+        Path("README.md").write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
 def row(task: str, sift: bool, cmd: str, out: Path) -> dict:
@@ -82,12 +102,33 @@ def row(task: str, sift: bool, cmd: str, out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())["summary"]
     runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
     r["runs"] = [
-        {k: x[k] for k in ("seed", "metrics", "best_step", "steps", "train_examples", "dev_examples", "seconds")}
+        {
+            k: x[k]
+            for k in ("seed", "metrics", "best_step", "steps", "train_examples", "dev_examples", "seconds")
+        }
         for x in runs
     ]
     r["main_metric"] = runs[0]["main_metric"]
     r["summary"] = summary
     return r
+
+
+def majority_baseline(task: str, args: str) -> dict[str, float] | None:
+    """The dev metrics of always answering the most frequent label of the training subset (no model)."""
+    from collections import Counter
+
+    from debertakit.data.tasks import get_task
+    from debertakit.evaluate.metrics import task_metrics
+
+    spec = get_task(task)
+    if spec.kind != "classification":
+        return None
+    opts = dict(zip(shlex.split(args)[::2], shlex.split(args)[1::2]))
+    train = spec.read(opts["--train"]).examples[: int(opts["--train-limit"])]
+    limit = int(opts["--dev-limit"]) if "--dev-limit" in opts else None
+    dev = spec.read(opts["--dev"]).examples[:limit]
+    label = Counter(e.label for e in train).most_common(1)[0][0]
+    return task_metrics(task, [label] * len(dev), [e.label for e in dev])
 
 
 def table(rows: list[dict]) -> str:
@@ -96,6 +137,11 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if not r["sift"] and r.get("majority"):
+            for name in metrics_of(r["task"]):
+                lines.append(
+                    f"| {r['task']} | majority class, no model | {name} | {r['majority'][name] * 100:.1f} | | | | | |"
+                )
         if not r["runs"]:
             lines.append(f"| {r['task']} | {'yes' if r['sift'] else 'no'} | not run | | | | | | |")
             continue
