@@ -18,7 +18,7 @@ Run directory::
     metrics.jsonl       train log lines and dev evaluations (``split`` = "train" / "dev")
     checkpoints/        training checkpoints (last ``keep_checkpoints``)
     best/               the best model: config.json, model.safetensors, tokenizer files, task.json
-    predictions.jsonl   dev predictions of the best model
+    predictions.jsonl   dev predictions of the best model (written with it)
     result.json         {"metrics": best dev metrics, ...}: a run file for `debertakit compare`
 """
 
@@ -469,12 +469,13 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
         if step % eval_every == 0 or step == total:
-            scores, _ = evaluate(model, data, cfg, tokenizer, device, amp)
+            scores, preds = evaluate(model, data, cfg, tokenizer, device, amp)
             model.train()
             improved = state["best"] is None or scores[main] > state["best"][main]
             if improved:
                 state["best"], state["best_step"], state["bad_evals"] = scores, step, 0
                 save_best()
+                write_predictions(out / "predictions.jsonl", _ids(preds, data.dev_examples))
             else:
                 state["bad_evals"] += 1
             log.write(
@@ -492,10 +493,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     bar.close()
     log.close()
 
-    # ---- the best model's dev predictions and the run file
-    best_model = load_pretrained(out / "best", HEADS[data.spec.kind]).to(device)
-    scores, preds = evaluate(best_model, data, cfg, tokenizer, device, amp)
-    write_predictions(out / "predictions.jsonl", _ids(preds, data.dev_examples))
+    # ---- the run file (the best model's dev predictions were written when it was evaluated)
+    scores = state["best"]
     result = {
         "task": data.spec.name,
         "seed": cfg.seed,
