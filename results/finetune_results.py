@@ -14,7 +14,7 @@ from pathlib import Path
 D = "../shared/data"
 MODEL = "runs/pretrain-small/final/discriminator"
 COMMON = (
-    f"--model {MODEL} --epochs 2 --batch-size 16 --lr 3e-4 --seeds 1,2,3 --num-threads 1 --progress false"
+    f"--model {MODEL} --epochs 3 --batch-size 16 --lr 1e-3 --seeds 1,2,3 --num-threads 1 --progress false"
 )
 
 TASKS = [
