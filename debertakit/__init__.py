@@ -4,6 +4,7 @@ import debertakit
 model = debertakit.load_pretrained("path/to/deberta-v3-base")          # Hugging Face-format directory
 model = debertakit.build_model(debertakit.DebertaConfig.preset("deberta-v3-base"), head="masked_lm")
 debertakit.save_pretrained(model, "out/")                              # transformers loads it too
+clf = debertakit.pipeline("classify", model="runs/sst2/best")              # a fine-tuned model directory
 """
 
 from debertakit.config import DebertaConfig
@@ -11,10 +12,24 @@ from debertakit.convert import load_pretrained, save_pretrained
 from debertakit.model import build_model
 
 __version__ = "0.1.0"
-__all__ = ["DebertaConfig", "build_model", "load_pretrained", "load_tokenizer", "save_pretrained"]
+__all__ = [
+    "DebertaConfig",
+    "FinetuneConfig",
+    "build_model",
+    "finetune",
+    "load_pretrained",
+    "load_tokenizer",
+    "pipeline",
+    "save_pretrained",
+]
 
-# Names resolved on first use.
-_LAZY = {"load_tokenizer": "debertakit.tokenization.loading"}
+# Names resolved on first use, so that `import debertakit` stays light.
+_LAZY = {
+    "load_tokenizer": "debertakit.tokenization.loading",
+    "pipeline": "debertakit.predict",
+    "finetune": "debertakit.train.finetune",
+    "FinetuneConfig": "debertakit.train.finetune",
+}
 
 
 def __getattr__(name: str):

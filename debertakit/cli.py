@@ -21,6 +21,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
     from debertakit.demo import demo
     from debertakit.evaluate.significance import compare
     from debertakit.experiments.runner import experiment_commands
+    from debertakit.export.onnx import export
     from debertakit.inference.fill_mask import fill_mask_command
     from debertakit.nlg import generate_command, perplexity_command
     from debertakit.predict import predict
@@ -34,6 +35,7 @@ def _commands() -> dict[str, Callable | dict[str, Callable]]:
         "convert": convert,
         "demo": demo,
         "experiment": experiment_commands(),
+        "export": export,
         "fill-mask": fill_mask_command,
         "finetune": _finetune_command(),
         "generate": generate_command,

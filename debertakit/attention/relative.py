@@ -103,6 +103,8 @@ class RelativeIndex:
 
     def shifted(self, lo: int) -> RelativeIndex:
         """The same mapping, relative to a table window starting at full-table row ``lo``."""
+        if lo == self.offset:
+            return self
         return RelativeIndex(self.span, self.bucket_size, self.max_position, offset=lo)
 
 

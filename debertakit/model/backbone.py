@@ -51,7 +51,12 @@ class Encoder(nn.Module):
         """The (normalised) relative table, cut to the rows that distances up to ``max_distance`` use."""
         if self.rel_embeddings is None:
             return None, None
-        lo, hi = self.rel_index.window(max_distance)
+        if torch.compiler.is_compiling():
+            # torch.compile / torch.export (ONNX): the whole table; the window depends on the input length,
+            # which is symbolic there (using all rows gives the same result)
+            lo, hi = 0, self.rel_index.table_rows
+        else:
+            lo, hi = self.rel_index.window(max_distance)
         table = self.rel_embeddings.weight
         if self.rel_norm is not None:
             table = self.rel_norm(table[lo:hi])  # LayerNorm is per row: normalising the window is exact

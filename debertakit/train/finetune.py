@@ -18,7 +18,7 @@ Run directory::
     metrics.jsonl       train log lines and dev evaluations (``split`` = "train" / "dev")
     checkpoints/        training checkpoints (last ``keep_checkpoints``)
     best/               the best model: config.json, model.safetensors, tokenizer files, task.json
-    predictions.jsonl   dev predictions of the best model
+    predictions.jsonl   dev predictions of the best model (written with it)
     result.json         {"metrics": best dev metrics, ...}: a run file for `debertakit compare`
 """
 
@@ -78,7 +78,9 @@ class FinetuneConfig:
         out: run directory.
         tokenizer: tokenizer directory (default: the model directory).
         train_limit: use only the first N training examples.
-        dev_limit: use only the first N dev examples.
+        dev_limit: use only the first N dev examples (after dev_offset).
+        dev_offset: skip the first N dev examples (e.g. to score on other questions than those trained on when
+            train and dev are one file).
         max_length: tokens per row (default 128 for sentences, 384 for QA, 256 for NER / multiple choice).
         doc_stride: QA: context tokens shared by consecutive windows.
         epochs: passes over the training data (ignored when max_steps is given).
@@ -124,6 +126,7 @@ class FinetuneConfig:
     tokenizer: str | None = None
     train_limit: int | None = None
     dev_limit: int | None = None
+    dev_offset: int = 0
     max_length: int | None = None
     doc_stride: int = 128
     epochs: float = 3.0
@@ -175,6 +178,8 @@ class FinetuneConfig:
             raise ValueError(f"warmup_ratio={self.warmup_ratio}; expected in [0, 1)")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"lr={self.lr}; expected > 0")
+        if self.dev_offset < 0:
+            raise ValueError(f"dev_offset={self.dev_offset}; expected >= 0")
         if self.eval_every < 0 or self.patience < 0:
             raise ValueError(f"eval_every={self.eval_every}, patience={self.patience}; expected >= 0")
         if self.precision not in ("auto", "fp32", "bf16"):
@@ -220,7 +225,9 @@ def load_data(cfg: FinetuneConfig, tokenizer: Any) -> TaskData:
         raise ValueError(
             f"{cfg.dev}: labels {sorted(set(dev.labels) - set(labels))} do not occur in {cfg.train}"
         )
-    train_ex, dev_ex = train.examples[: cfg.train_limit], dev.examples[: cfg.dev_limit]
+    train_ex = train.examples[: cfg.train_limit]
+    end = None if cfg.dev_limit is None else cfg.dev_offset + cfg.dev_limit
+    dev_ex = dev.examples[cfg.dev_offset : end]
     if not train_ex or not dev_ex:
         raise ValueError(f"no examples: {len(train_ex)} in {cfg.train}, {len(dev_ex)} in {cfg.dev}")
     kw = dict(labels=labels, max_length=cfg.max_length, stride=cfg.doc_stride)
@@ -462,12 +469,13 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.4f}")
         if step % eval_every == 0 or step == total:
-            scores, _ = evaluate(model, data, cfg, tokenizer, device, amp)
+            scores, preds = evaluate(model, data, cfg, tokenizer, device, amp)
             model.train()
             improved = state["best"] is None or scores[main] > state["best"][main]
             if improved:
                 state["best"], state["best_step"], state["bad_evals"] = scores, step, 0
                 save_best()
+                write_predictions(out / "predictions.jsonl", _ids(preds, data.dev_examples))
             else:
                 state["bad_evals"] += 1
             log.write(
@@ -485,10 +493,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     bar.close()
     log.close()
 
-    # ---- the best model's dev predictions and the run file
-    best_model = load_pretrained(out / "best", HEADS[data.spec.kind]).to(device)
-    scores, preds = evaluate(best_model, data, cfg, tokenizer, device, amp)
-    write_predictions(out / "predictions.jsonl", _ids(preds, data.dev_examples))
+    # ---- the run file (the best model's dev predictions were written when it was evaluated)
+    scores = state["best"]
     result = {
         "task": data.spec.name,
         "seed": cfg.seed,

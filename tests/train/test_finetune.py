@@ -238,3 +238,76 @@ def test_bad_options_are_named(shared_data, tmp_path):
         FinetuneConfig(task="sst2", model="m", train="t", dev="d", seeds="1,x")
     with pytest.raises(ValueError, match="layer_decay=1.5"):
         FinetuneConfig(task="sst2", model="m", train="t", dev="d", layer_decay=1.5)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs" / "finetune").glob("*.yaml")))
+def test_finetune_configs_are_valid(path):
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    cfg = FinetuneConfig(**{"model": "DIR", **doc})  # every key a field, every value valid
+    assert cfg.task == doc["task"]
+
+
+def test_boolean_options_are_switches():
+    from debertakit.cli import _commands, _expand_switches
+
+    commands = _commands()
+    argv = ["finetune", "--sift", "--lr", "1e-4", "--group_by_length"]
+    assert _expand_switches(argv, commands) == [
+        "finetune",
+        "--sift",
+        "true",
+        "--lr",
+        "1e-4",
+        "--group_by_length",
+        "true",
+    ]
+    assert _expand_switches(["finetune", "--sift", "false"], commands) == ["finetune", "--sift", "false"]
+    assert _expand_switches(["finetune", "--out", "--x"], commands) == [
+        "finetune",
+        "--out",
+        "--x",
+    ]  # not a bool
+
+
+def test_multiple_choice_and_own_csv(task_tokenizer_dir, tmp_path):
+    """Task families without a shared data set: multiple choice (JSON lines) and users' own CSV."""
+    import random
+
+    rng = random.Random(0)
+    words = ["red", "green", "blue", "cat", "dog", "house", "river", "stone"]
+    with (tmp_path / "mc.jsonl").open("w") as f:
+        for i in range(12):
+            choices = rng.sample(words, 4)
+            f.write(
+                json.dumps({"context": f"story {i}", "question": "pick", "choices": choices, "label": i % 4})
+                + "\n"
+            )
+    with (tmp_path / "own.csv").open("w") as f:
+        f.write("text,label\n")
+        for i in range(12):
+            f.write(f"{rng.choice(words)} {rng.choice(words)},{'yes' if i % 3 else 'no'}\n")
+    for task, data in (("multiple_choice", "mc.jsonl"), ("text_classification", "own.csv")):
+        out = tmp_path / task
+        cfg = FinetuneConfig(
+            task=task,
+            model="tiny-v3",
+            tokenizer=str(task_tokenizer_dir),
+            train=str(tmp_path / data),
+            dev=str(tmp_path / data),
+            out=str(out),
+            max_steps=2,
+            batch_size=4,
+            lr=1e-3,
+            progress=False,
+            num_threads=1,
+        )
+        result = finetune(cfg)
+        assert "accuracy" in result["metrics"]
+        preds = _lines(out / "predictions.jsonl")
+        assert len(preds) == 12
+        if task == "multiple_choice":
+            assert all(len(p["probabilities"]) == 4 for p in preds)
+        else:
+            assert {p["label"] for p in preds} <= {"no", "yes"}
