@@ -87,6 +87,7 @@ class PretrainConfig:
         precision: "auto" (bf16 autocast on GPU, fp32 on CPU), "fp32", "bf16" or "fp16" (with loss scaling).
         gradient_checkpointing: recompute layer activations in the backward pass to save memory.
         compile: run the training forward through torch.compile.
+        compile_backend: the torch.compile backend ("inductor"; "aot_eager" traces without generating code).
         device: "auto", "cpu", "cuda", "cuda:1", ...
         seed: seed of initialisation, data order, masking and sampling.
         num_threads: torch CPU threads (None: torch's default).
@@ -133,6 +134,7 @@ class PretrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     gradient_checkpointing: bool = False
     compile: bool = False
+    compile_backend: str = "inductor"
     device: str = "auto"
     seed: int = 0
     num_threads: int | None = None
@@ -421,7 +423,7 @@ def _pretrain(cfg: PretrainConfig, dist: distributed.Dist) -> dict[str, Any]:
         ids = [device.index] if device.type == "cuda" else None
         runner = torch.nn.parallel.DistributedDataParallel(objective, device_ids=ids)
     if cfg.compile:
-        runner = torch.compile(runner)
+        runner = torch.compile(runner, backend=cfg.compile_backend)
 
     def save() -> None:
         rng = distributed.all_gather_object(dist, ckpt.rng_state())
