@@ -99,16 +99,29 @@ class DisentangledSelfAttention(nn.Module):
         self.share_att_key = cfg.share_att_key
         self.pos_dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def position_projections(self, rel_table: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    def position_projections(
+        self, rel_table: Tensor | None, rel_index: RelativeIndex | None
+    ) -> tuple[Tensor | None, Tensor | None]:
         """(R, H*D) table window -> (H, R, D) position queries (p2c, p2p) and position keys (c2p, p2p)."""
         if rel_table is None or not self.terms.any:
             return None, None
-        rel_table = self.pos_dropout(rel_table)
+        rel_table = self._table_dropout(rel_table, rel_index)
         q_proj = self.query if self.share_att_key else self.pos_query
         k_proj = self.key if self.share_att_key else self.pos_key
         pos_q = split_heads(q_proj(rel_table), self.n_heads) if (self.terms.p2c or self.terms.p2p) else None
         pos_k = split_heads(k_proj(rel_table), self.n_heads) if (self.terms.c2p or self.terms.p2p) else None
         return pos_q, pos_k
+
+    def _table_dropout(self, window: Tensor, rel_index: RelativeIndex) -> Tensor:
+        """Dropout on the table window with the mask the *whole* table would draw, cut to the window. The
+        window depends on the input length (compiled / exported code uses the whole table), so drawing for the
+        whole table keeps the random stream, and so the training run, the same whichever window is used."""
+        p = self.pos_dropout.p
+        if not self.training or p == 0.0:
+            return window
+        full = torch.ones(rel_index.table_rows, window.shape[-1], device=window.device, dtype=window.dtype)
+        mask = F.dropout(full, p)[rel_index.offset : rel_index.offset + window.shape[0]]
+        return window * mask
 
     def forward(
         self,
@@ -125,7 +138,7 @@ class DisentangledSelfAttention(nn.Module):
         )  # (B, H, Nq, D)
         k = split_heads(self.key(x), self.n_heads)  # (B, H, Nk, D)
         v = split_heads(self.value(x), self.n_heads)  # (B, H, Nk, D)
-        pos_q, pos_k = self.position_projections(rel_table)  # (H, R, D) each, or None
+        pos_q, pos_k = self.position_projections(rel_table, rel_index)  # (H, R, D) each, or None
         dropout_p = self.attention_dropout if self.training else 0.0
         backend = get_backend(self.backend_name, self._request(q, geom, return_probs, dropout_p))
         out, probs = backend.fn(

@@ -83,7 +83,7 @@ def layer_scores(
         att = backbone.encoder.layers[index].attention
         q = split_heads(att.query(x), att.n_heads)  # (B, H, N, D)
         k = split_heads(att.key(x), att.n_heads)  # (B, H, N, D)
-        pos_q, pos_k = att.position_projections(ctx.rel_table)  # (H, R, D) or None
+        pos_q, pos_k = att.position_projections(ctx.rel_table, ctx.rel_index)  # (H, R, D) or None
     finally:
         backbone.train(was_training)
     parts = score_components(

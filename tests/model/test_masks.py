@@ -115,3 +115,23 @@ def test_gradient_checkpointing_same_gradients():
         (m(input_ids=ids, attention_mask=mask).last_hidden_state * w).sum().backward()
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), n
+
+
+def test_position_dropout_does_not_depend_on_the_table_window():
+    """Training draws the relative-table dropout mask for the whole table, so the run is the same whether the
+    length-dependent window (eager) or the whole table (compiled / exported code) is projected."""
+    from debertakit.attention import RelativeIndex
+
+    cfg = debertakit.DebertaConfig.preset("tiny-v3")
+    att = debertakit.build_model(cfg, "base").deberta.encoder.layers[0].attention.train()
+    full_table = torch.randn(2 * cfg.rel_span, cfg.hidden_size)
+    rel = RelativeIndex.from_config(cfg)
+    lo, hi = rel.window(5)
+    torch.manual_seed(3)
+    q_full, k_full = att.position_projections(full_table, rel)
+    torch.manual_seed(3)
+    q_win, k_win = att.position_projections(full_table[lo:hi], rel.shifted(lo))
+    assert torch.allclose(q_win, q_full[:, lo:hi], atol=1e-6) and torch.allclose(
+        k_win, k_full[:, lo:hi], atol=1e-6
+    )
+    assert not torch.allclose(q_full, att.eval().position_projections(full_table, rel)[0])  # dropout was on
