@@ -1,8 +1,8 @@
-"""Reading text files line by line with 1-based line numbers (UTF-8, an optional BOM, LF or CRLF)."""
+"""Reading text and CSV files with 1-based line numbers (UTF-8, an optional BOM, LF or CRLF)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from debertakit.data.tasks.records import BadRows
@@ -23,3 +23,20 @@ def numbered_lines(path: str | Path, bad: BadRows) -> Iterator[tuple[int, str]]:
                 bad.report(number, f"not valid UTF-8 ({e.reason} at byte {e.start}); expected UTF-8 text")
                 continue
             yield number, line.rstrip("\r\n")
+
+
+def csv_records(
+    reader: Iterable[list[str]], header: list[str], bad: BadRows
+) -> Iterator[tuple[int, list[str]]]:
+    """Yield `(line_number, row)` for the rows after the header of a `csv.reader`; blank rows are skipped and
+    rows with another number of columns than the header go to `bad`. Line numbers follow the reader, so a
+    quoted cell spanning several lines is reported at the line it starts on."""
+    last = reader.line_num
+    for row in reader:
+        number, last = last + 1, reader.line_num
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            bad.report(number, f"{len(row)} columns; expected {len(header)} like the header")
+            continue
+        yield number, row

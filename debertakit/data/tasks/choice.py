@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from debertakit.data.tasks._lines import numbered_lines
+from debertakit.data.tasks._lines import csv_records, numbered_lines
 from debertakit.data.tasks.records import BadRows, ChoiceExample, MalformedRowError, TaskData
 
 
@@ -92,14 +92,7 @@ def _read_csv(path: str | Path, bad: BadRows) -> list[ChoiceExample]:
             )
         question, label = _column(header, "sent2", "question"), _column(header, "label")
         ident = _column(header, "id", "video-id")
-        last = reader.line_num
-        for row in reader:
-            number, last = last + 1, reader.line_num
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                bad.report(number, f"{len(row)} columns; expected {len(header)} like the header")
-                continue
+        for number, row in csv_records(reader, header, bad):
             guid = row[ident] if ident is not None and row[ident] else f"{Path(path).name}-{number}"
             record = {
                 "context": row[context],

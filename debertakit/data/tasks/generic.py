@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from debertakit.data.tasks._lines import numbered_lines
+from debertakit.data.tasks._lines import csv_records, numbered_lines
 from debertakit.data.tasks.records import BadRows, MalformedRowError, TaskData, TextExample
 
 # (line, text, text_pair, raw label)
@@ -117,14 +117,7 @@ def _csv_rows(path: str | Path, delimiter: str, columns: tuple[str, str, str], b
         ti = header.index(text_c)
         pi = header.index(pair_c) if pair_c in header else None
         li = header.index(label_c) if label_c in header else None
-        last = reader.line_num
-        for row in reader:
-            number, last = last + 1, reader.line_num
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                bad.report(number, f"{len(row)} columns; expected {len(header)} like the header")
-                continue
+        for number, row in csv_records(reader, header, bad):
             text, error = _text(row[ti], text_c)
             pair, pair_error = _text(row[pi], pair_c) if pi is not None else (None, "")
             if error or pair_error:
