@@ -23,12 +23,15 @@ blocks (each block is recomputed in the backward pass for long inputs). Explicit
 from __future__ import annotations
 
 import bisect
+import copy
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from debertakit.attention.dropout import keep_mask
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, register
@@ -43,6 +46,13 @@ SINGLE_BLOCK_ELEMENTS = 14 << 20
 # with several blocks, recompute them in backward (activation checkpointing) for long inputs or a large total
 CHECKPOINT_KEYS = 2048
 CHECKPOINT_ELEMENTS = 1 << 26
+# training with distance i - j: scores per tile (one tile's scores and probabilities stay in the caches); the
+# probabilities are kept for the backward pass when there are at most STORE_KEYS keys (memory O(N·STORE_KEYS)
+# per head) and B·H·Nq·Nk <= STORE_ELEMENTS, else recomputed tile by tile (memory O(N·block))
+TRAIN_TILE_ELEMENTS = 1 << 20
+INFER_TILE_ELEMENTS = 1 << 22
+STORE_KEYS = 1024
+STORE_ELEMENTS = 1 << 26
 # query rows per block of the far-field path's band
 FAR_BLOCK = 256
 # inference uses the fused far-field path when the input is this many saturation distances long
@@ -78,11 +88,20 @@ def chunked_attention(
     Nk = k.shape[2]
     terms = terms if rel is not None else PositionTerms(False, False, False)
     ctx = _Context(q, k, v, pos_q, pos_k, rel, geom, scale, terms)
-    needs_grad = torch.is_grad_enabled() and any(
+    needs_grad = ctx.needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)
     )
     if not needs_grad and dropout_p == 0.0 and far_field is not False and ctx.far_field_ok(far_field):
         return _far_field(ctx, block_size).to(v.dtype), None
+
+    if needs_grad and ctx.toeplitz:
+        return _train_toeplitz(ctx, dropout_p, block_size).to(v.dtype), None
+
+    if not needs_grad and dropout_p == 0.0:  # inference: tile by tile into one output
+        out = ctx.q.new_empty(B, H, Nq, v.shape[-1])
+        for b0, b1, i0, i1, _, _ in ctx.tiles(block_size, INFER_TILE_ELEMENTS):
+            out[b0:b1, :, i0:i1] = _block(ctx.batch(b0, b1), i0, i1, 0.0)
+        return out.to(v.dtype), None
 
     bq = block_size or _block_rows(B, H, Nq, Nk)
     blocks = [(i0, min(i0 + bq, Nq)) for i0 in range(0, Nq, bq)]
@@ -151,6 +170,7 @@ class _Context:
         if packed:
             self.cu = [int(x) for x in geom.cu_seqlens.tolist()]
         self.sat = rel.saturation if rel is not None else 0
+        self._batches: dict[tuple[int, int], _Context] = {}
 
     # ---- table rows -------------------------------------------------------------------------------------
     def rows(self, delta: Tensor) -> Tensor:
@@ -250,16 +270,10 @@ class _Context:
 
     def _toeplitz_bias(self, qb: Tensor, i0: int, i1: int, ks: int, ke: int) -> Tensor:
         """distance = i - j: gathered terms on the block's band, the far field as row + column terms."""
-        sat = self.sat
-        jb0 = min(max(ks, i0 - sat + 1), ke)  # keys before jb0 are at distance >= sat from every row
-        jb1 = max(min(ke, i1 - 1 + sat), jb0)  # keys from jb1 on are at distance <= -sat from every row
-        pieces = []
-        if jb0 > ks:
-            pieces.append(self._far(i0, i1, ks, jb0, sat))
-        if jb1 > jb0:
-            pieces.append(self._band(i0, i1, jb0, jb1))
-        if jb1 < ke:
-            pieces.append(self._far(i0, i1, jb1, ke, -sat))
+        pieces = [
+            self._band(i0, i1, j0, j1) if delta is None else self._far(i0, i1, j0, j1, delta)
+            for j0, j1, delta in self._pieces(i0, i1, ks, ke)
+        ]
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
     def _far(self, i0: int, i1: int, j0: int, j1: int, delta: int) -> Tensor:
@@ -267,7 +281,8 @@ class _Context:
         row = self.rows(torch.tensor([delta], device=self.q.device))
         out = torch.zeros((), device=self.q.device)
         if self.c2p_rows is not None:
-            out = out + self.c2p_rows[:, :, i0:i1].index_select(-1, row)  # (B|1, H, bq|1, 1)
+            c = self.c2p_rows if self.c2p_rows.shape[2] == 1 else self.c2p_rows[:, :, i0:i1]
+            out = out + c.index_select(-1, row)  # (B|1, H, bq|1, 1)
         if self.p2c_rows is not None:
             out = out + self.p2c_rows[:, :, j0:j1].index_select(-1, row).transpose(-1, -2)  # (B, H, 1, nk)
         return out.expand(self.B, self.H, i1 - i0, j1 - j0)
@@ -334,6 +349,82 @@ class _Context:
     def keys(self, ks: int, ke: int) -> tuple[Tensor, Tensor]:
         return self.k[:, :, ks:ke], self.v[:, :, ks:ke]
 
+    # ---- training: tiles, batch slices, the bias gradient ----------------------------------------------------
+    def tiles(self, block_size: int | None, target: int) -> list[tuple[int, int, int, int, int, int]]:
+        """(b0, b1, i0, i1, ks, ke) tiles of about ``target`` scores: several batch elements when their whole
+        score matrices are that small, else one batch element and a block of query rows (``block_size`` rows
+        when given)."""
+        per_row = self.H * self.Nk
+        if block_size is not None:
+            bb, rows = 1, block_size
+        elif per_row * self.Nq <= target:
+            bb, rows = max(1, target // (per_row * self.Nq)), self.Nq
+        else:
+            bb, rows = 1, max(MIN_BLOCK, target // per_row)
+        tiles = []
+        for i0 in range(0, self.Nq, rows):
+            i1 = min(i0 + rows, self.Nq)
+            ks, ke = self.key_range(i0, i1)
+            tiles += [(b0, min(b0 + bb, self.B), i0, i1, ks, ke) for b0 in range(0, self.B, bb)]
+        return tiles
+
+    def batch(self, b0: int, b1: int) -> _Context:
+        """This context restricted to batch elements [b0, b1) (cached)."""
+        if b0 == 0 and b1 == self.B:
+            return self
+        key = (b0, b1)
+        if key not in self._batches:
+            sub = copy.copy(self)
+
+            def cut(t: Tensor | None) -> Tensor | None:
+                return t if t is None or t.shape[0] == 1 else t[b0:b1]
+
+            sub.q, sub.k, sub.v = self.q[b0:b1], self.k[b0:b1], self.v[b0:b1]
+            sub.c2p_rows, sub.p2c_rows, sub.key_mask = map(cut, (self.c2p_rows, self.p2c_rows, self.key_mask))
+            g = self.geom
+            sub.geom = dataclasses.replace(
+                g,
+                key_mask=cut(g.key_mask),
+                q_segments=cut(g.q_segments),
+                k_segments=cut(g.k_segments),
+                q_positions=cut(g.q_positions),
+                k_positions=cut(g.k_positions),
+                dense=cut(g.dense),
+            )
+            sub.B = b1 - b0
+            self._batches[key] = sub
+        return self._batches[key]
+
+    def _pieces(self, i0: int, i1: int, ks: int, ke: int) -> list[tuple[int, int, int | None]]:
+        """Key ranges of queries [i0, i1) as (j0, j1, saturated distance or None for the gathered band)."""
+        sat = self.sat
+        jb0 = min(max(ks, i0 - sat + 1), ke)  # keys before jb0 are at distance >= sat from every row
+        jb1 = max(min(ke, i1 - 1 + sat), jb0)  # keys from jb1 on are at distance <= -sat from every row
+        pieces = [(ks, jb0, sat), (jb0, jb1, None), (jb1, ke, -sat)]
+        return [(j0, j1, d) for j0, j1, d in pieces if j1 > j0]
+
+    def bias_backward(self, grad: Tensor, i0: int, i1: int, ks: int, ke: int, g_c2p, g_p2c) -> None:
+        """Accumulate the gradient of one tile's bias (``grad``: (b, H, bq, ke - ks)) into the gradients of
+        the row terms (c2p + p2p: (b, H, Nq, R), p2c: (b, H, Nk, R)): the transpose of `_toeplitz_bias`."""
+        if g_c2p is None and g_p2c is None:
+            return
+        b = grad.shape[0]
+        for j0, j1, delta in self._pieces(i0, i1, ks, ke):
+            g = grad[..., j0 - ks : j1 - ks]
+            if delta is not None:  # saturated: one table row per side
+                row = int(self.rows(torch.tensor([delta])))
+                if g_c2p is not None:
+                    g_c2p[:, :, i0:i1, row] += g.sum(-1)
+                if g_p2c is not None:
+                    g_p2c[:, :, j0:j1, row] += g.sum(-2)
+                continue
+            idx = self.band_index(i0, i1, j0, j1)  # (bq, W)
+            bq, W = idx.shape
+            if g_c2p is not None:
+                g_c2p[:, :, i0:i1].scatter_add_(-1, idx.expand(b, self.H, bq, W), g)
+            if g_p2c is not None:
+                g_p2c[:, :, j0:j1].scatter_add_(-1, idx.t().expand(b, self.H, W, bq), g.transpose(-1, -2))
+
 
 def _reverse(x: Tensor, dim: int = 2) -> Tensor:
     """x in reversed order along ``dim`` (index_select is much faster than flip on CPU)."""
@@ -350,6 +441,8 @@ def _block(ctx: _Context, i0: int, i1: int, dropout_p: float) -> Tensor:
     mask = ctx.bias(i0, i1, ks, ke)
     allowed = ctx.allowed(i0, i1, ks, ke)
     kb, vb = ctx.keys(ks, ke)
+    if dropout_p > 0.0 or ctx.needs_grad:
+        return _BlockAttention.apply(qb, kb, vb, mask, allowed, ctx.scale, dropout_p)
     if allowed is not None:
         full = (ctx.B, ctx.H, i1 - i0, ke - ks)
         mask = torch.zeros((), device=qb.device) if mask is None else mask
@@ -360,6 +453,181 @@ def _block(ctx: _Context, i0: int, i1: int, dropout_p: float) -> Tensor:
     if allowed is not None:
         out = out * allowed.any(-1, keepdim=True)  # rows with no visible key -> zeros
     return out
+
+
+def _tile_probs(q, k, bias, allowed, scale: float, p: float, generator=None):
+    """Probabilities of one tile, (B, H, bq, nk) float32, with their dropout keep mask (None without dropout)
+    and the scale of kept values. Scores are ``bias + scale · q·kᵀ`` in one matmul (the bias is its
+    accumulator); hidden pairs get the float32 minimum; rows with no visible key get zeros."""
+    B, H, bq, D = q.shape
+    nk = k.shape[2]
+    q3, k3 = q.reshape(B * H, bq, D), k.reshape(B * H, nk, D)
+    if bias is not None:
+        acc = bias.expand(B, H, bq, nk).reshape(B * H, bq, nk)
+        scores = torch.baddbmm(acc, q3, k3.transpose(1, 2), alpha=scale).view(B, H, bq, nk)
+    else:
+        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale).view(B, H, bq, nk)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, _MIN)
+    probs = torch.softmax(scores, dim=-1)
+    del scores
+    if allowed is not None:
+        probs.mul_(allowed.any(-1, keepdim=True))
+    if p == 0.0:
+        return probs, None, 1.0
+    keep, drop_scale = keep_mask(probs.shape, p, probs.device, generator)
+    return probs, keep, drop_scale
+
+
+def _tile_output(probs: Tensor, keep: Tensor | None, drop_scale: float, v: Tensor) -> Tensor:
+    if keep is None:
+        return probs @ v
+    return (probs.masked_fill(~keep, 0) @ v).mul_(drop_scale)  # scale the (bq, D) output, not (bq, nk)
+
+
+def _tile_grads(grad_out, q, k, v, probs, keep, drop_scale: float, scale: float, need_v: bool = True):
+    """(grad q, grad k, grad v or None, grad scores) of one tile, from the output gradient (float32)."""
+    if keep is not None:
+        grad_out = grad_out * drop_scale
+        kept = probs.masked_fill(~keep, 0)
+    else:
+        kept = probs
+    grad_v = kept.transpose(-1, -2) @ grad_out if need_v else None
+    del kept
+    grad_probs = grad_out @ v.transpose(-1, -2)
+    if keep is not None:
+        grad_probs.masked_fill_(~keep, 0)
+    grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+    del grad_probs
+    grad_q = (grad_scores @ k).mul_(scale)
+    grad_k = (grad_scores.transpose(-1, -2) @ q).mul_(scale)
+    return grad_q, grad_k, grad_v, grad_scores
+
+
+class _BlockAttention(torch.autograd.Function):
+    """softmax(q·kᵀ·scale + bias) (hidden pairs masked, dropout) · v for one block with a bias that autograd
+    differentiates (explicit positions).
+
+    PyTorch's fused CPU attention has no dropout and no gradient for an additive mask, so training would run
+    its math path: an unfused softmax and a `bernoulli_` dropout mask that alone costs more than the two
+    matmuls. Here the bias is the matmul's accumulator, the mask comes from 16-bit draws
+    (`debertakit.attention.dropout`), the dropout scale is applied to the (bq, D) output instead of the
+    (bq, nk) probabilities, and the backward is written out. Saved: q, k, v, probabilities, 1-byte keep mask.
+    """
+
+    @staticmethod
+    def forward(fctx, q, k, v, bias, allowed, scale: float, p: float):
+        probs, keep, drop_scale = _tile_probs(q, k, bias, allowed, scale, p)
+        fctx.save_for_backward(q, k, v, probs, keep)
+        fctx.scale, fctx.drop_scale = scale, drop_scale
+        fctx.bias_shape = None if bias is None else bias.shape
+        return _tile_output(probs, keep, drop_scale, v)
+
+    @staticmethod
+    def backward(fctx, grad_out):
+        q, k, v, probs, keep = fctx.saved_tensors
+        gq, gk, gv, gs = _tile_grads(grad_out.float(), q, k, v, probs, keep, fctx.drop_scale, fctx.scale)
+        grad_bias = None
+        if fctx.bias_shape is not None and fctx.needs_input_grad[3]:
+            grad_bias = gs.sum_to_size(fctx.bias_shape)
+        return gq, gk, gv, grad_bias, None, None, None
+
+
+# ---- training with distance i - j: one function over all tiles, written-out backward -----------------------
+
+
+class _ToeplitzAttention(torch.autograd.Function):
+    """Training path when the distance is i - j (plain, padded, packed, causal rows): the whole attention over
+    tiles of (one batch element, a block of query rows), so that each tile's scores, probabilities and mask
+    stay in the CPU's caches. The bias gradient goes straight from each tile into the (N, R) row terms
+    (`_Context.bias_backward`): no per-tile zero-filled copies as autograd through slices would make.
+
+    Probabilities are kept for short inputs (``STORE_KEYS``, ``STORE_ELEMENTS``), else recomputed tile by tile in the
+    backward pass (memory O(N·block)); dropout masks come from a per-call seed, so recomputed tiles draw the
+    same masks.
+    """
+
+    @staticmethod
+    def forward(fctx, ctx: _Context, tiles: list, p: float, q, k, v, c2p_rows, p2c_rows):
+        store = ctx.Nk <= STORE_KEYS and ctx.B * ctx.H * ctx.Nq * ctx.Nk <= STORE_ELEMENTS
+        seed = int(torch.randint(0, 2**62, (), device="cpu")) if p > 0.0 else 0
+        out = q.new_zeros(ctx.B, ctx.H, ctx.Nq, v.shape[-1])
+        saved = []
+        for t, tile in enumerate(tiles):
+            probs, keep, drop_scale = _toeplitz_tile(ctx, tile, p, seed + t)
+            b0, b1, i0, i1, ks, ke = tile
+            if probs is not None:
+                out[b0:b1, :, i0:i1] = _tile_output(probs, keep, drop_scale, v[b0:b1, :, ks:ke])
+            saved.append((probs, keep, drop_scale) if store else None)
+        fctx.ctx, fctx.p, fctx.seed, fctx.tiles, fctx.saved = ctx, p, seed, tiles, saved
+        fctx.rows_shapes = (
+            None if c2p_rows is None else c2p_rows.shape,
+            None if p2c_rows is None else p2c_rows.shape,
+        )
+        return out
+
+    @staticmethod
+    def backward(fctx, grad_out):
+        ctx: _Context = fctx.ctx
+        grad_out = grad_out.float()
+        gq, gk, gv = torch.zeros_like(ctx.q), torch.zeros_like(ctx.k), torch.zeros_like(ctx.v)
+        c_shape, p_shape = fctx.rows_shapes
+        want_c = c_shape is not None and fctx.needs_input_grad[6]
+        want_p = p_shape is not None and fctx.needs_input_grad[7]
+        g_c2p = ctx.q.new_zeros(ctx.B, ctx.H, ctx.Nq, ctx.R) if want_c else None
+        g_p2c = ctx.q.new_zeros(ctx.B, ctx.H, ctx.Nk, ctx.R) if want_p else None
+        for t, tile in enumerate(fctx.tiles):
+            saved = fctx.saved[t]
+            probs, keep, drop_scale = (
+                saved if saved is not None else _toeplitz_tile(ctx, tile, fctx.p, fctx.seed + t)
+            )
+            if probs is None:
+                continue
+            fctx.saved[t] = None  # free as we go
+            b0, b1, i0, i1, ks, ke = tile
+            sub = ctx.batch(b0, b1)
+            qb, (kb, vb) = sub.q[:, :, i0:i1], sub.keys(ks, ke)
+            dq, dk, dv, ds = _tile_grads(
+                grad_out[b0:b1, :, i0:i1], qb, kb, vb, probs, keep, drop_scale, ctx.scale
+            )
+            gq[b0:b1, :, i0:i1] += dq
+            gk[b0:b1, :, ks:ke] += dk
+            gv[b0:b1, :, ks:ke] += dv
+            del probs, keep, dq, dk, dv
+            sub.bias_backward(
+                ds,
+                i0,
+                i1,
+                ks,
+                ke,
+                None if g_c2p is None else g_c2p[b0:b1],
+                None if g_p2c is None else g_p2c[b0:b1],
+            )
+        g_c2p = None if g_c2p is None else g_c2p.sum_to_size(c_shape)
+        g_p2c = None if g_p2c is None else g_p2c.sum_to_size(p_shape)
+        return None, None, None, gq, gk, gv, g_c2p, g_p2c
+
+
+def _train_toeplitz(ctx: _Context, p: float, block_size: int | None) -> Tensor:
+    inputs = (ctx.q, ctx.k, ctx.v, ctx.c2p_rows, ctx.p2c_rows)
+    ctx.q, ctx.k, ctx.v = (t.detach() for t in inputs[:3])
+    ctx.c2p_rows, ctx.p2c_rows = (None if t is None else t.detach() for t in inputs[3:])
+    return _ToeplitzAttention.apply(ctx, ctx.tiles(block_size, TRAIN_TILE_ELEMENTS), p, *inputs)
+
+
+def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
+    b0, b1, i0, i1, ks, ke = tile
+    if ke <= ks:  # no key at all (row padding of a packed batch): output zeros
+        return None, None, 1.0
+    sub = ctx.batch(b0, b1)
+    generator = None
+    if p > 0.0:
+        generator = torch.Generator(device=ctx.q.device)
+        generator.manual_seed(seed)
+    kb = sub.k[:, :, ks:ke]
+    return _tile_probs(
+        sub.q[:, :, i0:i1], kb, sub.bias(i0, i1, ks, ke), sub.allowed(i0, i1, ks, ke), ctx.scale, p, generator
+    )
 
 
 # ---- inference on long inputs: the far field through the fused kernel ------------------------------------

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from debertakit.attention import Geometry, RelativeIndex
 from debertakit.attention.geometry import packed_geometry, validate_cu_seqlens
 from debertakit.config import DebertaConfig
-from debertakit.model.layers import ConvBranch, Embeddings, Layer
+from debertakit.model.layers import ConvBranch, Embeddings, Layer, inference_cache_ok, tensor_state
 from debertakit.model.outputs import BackboneOutput
 
 
@@ -46,6 +46,7 @@ class Encoder(nn.Module):
         self.conv = ConvBranch(cfg) if cfg.conv_kernel_size > 0 else None
         self.rel_index = RelativeIndex.from_config(cfg) if cfg.relative_attention else None
         self.gradient_checkpointing = cfg.gradient_checkpointing
+        self._table_cache: tuple | None = None  # (key, (table window, index)) at inference
 
     def relative_table(self, max_distance: int) -> tuple[Tensor | None, RelativeIndex | None]:
         """The (normalised) relative table, cut to the rows that distances up to ``max_distance`` use."""
@@ -57,12 +58,22 @@ class Encoder(nn.Module):
             lo, hi = 0, self.rel_index.table_rows
         else:
             lo, hi = self.rel_index.window(max_distance)
+        # at inference the window depends only on the weights: the same tensor is returned while they are
+        # unchanged, so the layers can reuse its projections (`DisentangledSelfAttention.position_projections`)
+        key = None
+        if inference_cache_ok(self):
+            norm = [] if self.rel_norm is None else [self.rel_norm.weight, self.rel_norm.bias]
+            key = (lo, hi, *map(tensor_state, [self.rel_embeddings.weight, *norm]))
+            if self._table_cache is not None and self._table_cache[0] == key:
+                return self._table_cache[1]
         table = self.rel_embeddings.weight
         if self.rel_norm is not None:
             table = self.rel_norm(table[lo:hi])  # LayerNorm is per row: normalising the window is exact
         else:
             table = table[lo:hi]
-        return table, self.rel_index.shifted(lo)
+        result = table, self.rel_index.shifted(lo)
+        self._table_cache = None if key is None else (key, result)
+        return result
 
     def forward(
         self,

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from debertakit.attention import Geometry
+from debertakit.attention.dropout import Dropout
 from debertakit.config import DebertaConfig
 from debertakit.model.layers import Layer, activation
 from debertakit.model.outputs import BackboneOutput
@@ -112,7 +113,7 @@ class Pooler(nn.Module):
 
     def __init__(self, cfg: DebertaConfig):
         super().__init__()
-        self.dropout = nn.Dropout(cfg.pooler_dropout)
+        self.dropout = Dropout(cfg.pooler_dropout)
         self.dense = nn.Linear(cfg.hidden_size, cfg.pooler_dim)
         self.act = activation(cfg.pooler_hidden_act)
 
@@ -127,7 +128,7 @@ class SequenceClassificationHead(nn.Module):
     def __init__(self, cfg: DebertaConfig, num_labels: int):
         super().__init__()
         self.pooler = Pooler(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout if cfg.cls_dropout is None else cfg.cls_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout if cfg.cls_dropout is None else cfg.cls_dropout)
         self.classifier = nn.Linear(cfg.pooler_dim, num_labels)
 
     def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -138,7 +139,7 @@ class SequenceClassificationHead(nn.Module):
 class TokenClassificationHead(nn.Module):
     def __init__(self, cfg: DebertaConfig, num_labels: int):
         super().__init__()
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
     def forward(self, h: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ import torch
 from debertakit.attention import Geometry, PositionTerms, RelativeIndex, eager_attention, packed_geometry
 from debertakit.attention import chunked as chunked_mod
 from debertakit.attention.chunked import chunked_attention
+from debertakit.attention.eager import score_components
 from debertakit.attention.flex import flex_disentangled_attention
 from debertakit.model.heads import _query_subset
 
@@ -208,6 +209,93 @@ def test_chunked_recomputes_blocks_in_backward(monkeypatch):
         grads(run(eager_attention, inputs, case.terms), inputs, w),
     ):
         assert (a - b).abs().max().item() <= grad_tol(b)
+
+
+TRAIN_CASES = [
+    "n64-v1-base",
+    "n64-v3-p2c",
+    "n64-v3-p2p",
+    "n64-p2p-only",
+    "n129-v1-padding",
+    "n129-v3-packed",
+    "n129-v3-packed-causal",
+    "n1500-v3-base-saturating",
+    "n1500-v3-tiny-causal",
+]
+
+
+@pytest.mark.parametrize("store", [True, False], ids=["kept-probabilities", "recomputed"])
+@pytest.mark.parametrize("name", TRAIN_CASES)
+def test_chunked_training_tiles_match_eager(monkeypatch, name, store):
+    """Training with distance i - j runs one function over tiles (here `block` query rows of one batch
+    element, with saturated far-field pieces on long inputs), its probabilities kept or recomputed in the
+    backward pass: outputs and all gradients equal eager."""
+    monkeypatch.setattr(chunked_mod, "STORE_KEYS", 1 << 30 if store else 0)
+    case = GRID[name]
+    inputs = make(case)
+    ref = run(eager_attention, inputs, case.terms)
+    got = run(chunked_attention, inputs, case.terms, block_size=case.block or 40)
+    assert (got - ref).abs().max().item() <= 1e-5
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    for what, a, b in zip(NAMES, grads(got, inputs, w), grads(ref, inputs, w)):
+        err, tol = (a - b).abs().max().item(), grad_tol(b, inputs if what.startswith("pos") else None)
+        assert err <= tol, f"{name}: gradient of {what} differs by {err:.3g} > {tol:.3g}"
+
+
+def _reference_with_masks(inputs, terms: str, keep: torch.Tensor, drop_scale: float) -> torch.Tensor:
+    """eager's probabilities times a given dropout mask, then · v."""
+    q, k, v, pos_q, pos_k, rel, geom = inputs
+    scale = 1.0 / (q.shape[-1] * 3) ** 0.5
+    parts = score_components(q, k, pos_q, pos_k, rel, geom, scale=scale, terms=TERMS[terms])
+    scores = sum(parts.values())
+    allowed = geom.allowed(q.shape[2], k.shape[2], q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, -1)
+    if allowed is not None:
+        probs = probs * allowed.any(-1, keepdim=True)
+    return (probs * keep * drop_scale) @ v
+
+
+@pytest.mark.parametrize("train_path", ["i-j tiles", "explicit positions"])
+def test_chunked_dropout_equals_eager_with_the_drawn_masks(monkeypatch, train_path):
+    """With dropout, output and gradients equal eager's probabilities times the masks the backend drew."""
+    drawn = []
+    real = chunked_mod.keep_mask
+
+    def record(*a, **kw):
+        drawn.append(real(*a, **kw))
+        return drawn[-1]
+
+    monkeypatch.setattr(chunked_mod, "keep_mask", record)
+    geometry = "padding" if train_path == "i-j tiles" else "subset"
+    case = Case(64, "v3-tiny", geometry=geometry)
+    inputs = make(case)
+    got = run(chunked_attention, inputs, case.terms, dropout_p=0.3)
+    assert len(drawn) == 1  # one tile / block: one mask of the whole (B, H, Nq, Nk)
+    keep, drop_scale = drawn[0]
+    assert 0.6 < keep.float().mean().item() < 0.8
+    ref = _reference_with_masks(inputs, case.terms, keep, drop_scale)
+    assert (got - ref).abs().max().item() <= 1e-5
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    for what, a, b in zip(NAMES, grads(got, inputs, w), grads(ref, inputs, w)):
+        assert (a - b).abs().max().item() <= grad_tol(b), f"gradient of {what}"
+
+
+def test_chunked_dropout_recomputed_tiles_draw_the_same_masks(monkeypatch):
+    """Recomputing tiles in the backward pass redraws each tile's mask from the call's seed: outputs and
+    gradients are bit-identical to keeping the probabilities, and repeat under the same torch seed."""
+    case = Case(129, "v3-tiny", geometry="padding")
+    results = []
+    for store_keys in (1 << 30, 0, 0):
+        monkeypatch.setattr(chunked_mod, "STORE_KEYS", store_keys)
+        inputs = make(case)
+        torch.manual_seed(11)
+        out = run(chunked_attention, inputs, case.terms, dropout_p=0.2, block_size=32)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        results.append([out, *grads(out, inputs, w)])
+    for a, b, c in zip(*results):
+        assert torch.equal(a, b) and torch.equal(b, c)
 
 
 def test_chunked_dropout_runs_and_scales():
