@@ -14,6 +14,8 @@ Sections (all bfloat16 on one CUDA device):
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory.
+   ``long``: batch 1 at N = 16384, 32768, 65536 (``triton`` and the sdpa ceiling): it must run, and its peak
+   memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -48,7 +50,10 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", nargs="+", default=["attention", "model", "packed"])
+    p.add_argument("--sections", nargs="+", default=["attention", "long", "model", "packed"])
+    p.add_argument(
+        "--long-lengths", nargs="+", type=int, default=[16384, 32768, 65536], help="batch-1 lengths of `long`"
+    )
     p.add_argument("--lengths", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--tokens", type=int, default=16384, help="batch·N of every shape")
     p.add_argument("--heads", type=int, default=12)
@@ -105,7 +110,7 @@ def attention_section(args, device: str, dtype) -> list[dict]:
     return rows
 
 
-def _attention_rows(args, n: int, device: str, dtype) -> list[dict]:
+def _attention_rows(args, n: int, device: str, dtype, only: tuple[str, ...] | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -158,6 +163,8 @@ def _attention_rows(args, n: int, device: str, dtype) -> list[dict]:
         hf_grad = grad.transpose(1, 2).reshape(batch, n, H * D)  # the layer returns (B, N, H·D)
         candidates["hf eager layer (incl. projections)"] = (*hf, hf_grad)
 
+    if only is not None:
+        candidates = {name: c for name, c in candidates.items() if name in only}
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():
 
@@ -174,6 +181,68 @@ def _attention_rows(args, n: int, device: str, dtype) -> list[dict]:
         rows.append(row)
         print(_fmt(row), flush=True)
     return rows
+
+
+# ------------------------------------------------------------------------------------------ 1b. long inputs
+def long_section(args, device: str, dtype) -> list[dict]:
+    """Batch 1 at growing N (16384 … 65536): the `triton` backend must run, with peak memory linear in N."""
+    rows = []
+    for n in args.long_lengths:
+        saved = args.tokens
+        args.tokens = n  # batch 1
+        try:
+            for row in _attention_rows(args, n, device, dtype, only=("triton", "sdpa (no position terms)")):
+                row["section"] = "long"
+                rows.append(row)
+        finally:
+            args.tokens = saved
+    base = [r for r in rows if r["impl"] == "triton" and r.get("fwd_bwd_peak_gib")]
+    for r in base[1:]:  # peak memory per token relative to the shortest length: ~1 when linear
+        r["peak_per_token_vs_shortest"] = round(
+            (r["fwd_bwd_peak_gib"] / r["n"]) / (base[0]["fwd_bwd_peak_gib"] / base[0]["n"]), 3
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ targets
+TARGETS = (
+    "issue targets (H100/H200, bf16): triton forward >= 100 TFLOP/s at N >= 2048 and >= 60 at N = 512; "
+    "forward+backward >= 75 TFLOP/s at N >= 2048; >= 40% of sdpa's throughput at N >= 2048; peak memory "
+    "linear in N; N = 65536 at batch 1 runs"
+)
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """One line per target check on the `attention` and `long` rows."""
+    out = []
+    att = {(r["impl"], r["n"]): r for r in rows if r["section"] == "attention"}
+    for (impl, n), r in sorted(att.items(), key=lambda x: x[0][1]):
+        if impl != "triton":
+            continue
+        fwd, fb = r.get("fwd_tflops"), r.get("fwd_bwd_tflops")
+        sdpa = att.get(("sdpa (no position terms)", n), {})
+        if n >= 2048 or n == 512:
+            want = 100 if n >= 2048 else 60
+            out.append(f"N={n}: forward {fwd} TFLOP/s (target >= {want}): {_ok(fwd, want)}")
+        if n >= 2048:
+            out.append(f"N={n}: forward+backward {fb} TFLOP/s (target >= 75): {_ok(fb, 75)}")
+            for key, label in (("fwd_tflops", "forward"), ("fwd_bwd_tflops", "forward+backward")):
+                if r.get(key) and sdpa.get(key):
+                    ratio = r[key] / sdpa[key]
+                    out.append(f"N={n}: {label} {ratio:.0%} of sdpa (target >= 40%): {_ok(ratio, 0.4)}")
+    for r in rows:
+        if r["section"] == "long" and r["impl"] == "triton":
+            ran = "fwd_bwd_ms" in r
+            lin = r.get("peak_per_token_vs_shortest")
+            out.append(
+                f"long N={r['n']} batch 1: {'runs' if ran else 'FAILED: ' + str(r.get('fwd_bwd_error'))}"
+                + ("" if lin is None else f"; peak memory per token {lin}x that of the shortest length")
+            )
+    return out
+
+
+def _ok(got, want) -> str:
+    return "met" if got is not None and got >= want else "MISSED"
 
 
 def _rate(prefix: str, r: dict, flops: float) -> dict:
@@ -389,7 +458,7 @@ def environment(device: str) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    att = [r for r in rows if r["section"] == "attention"]
+    att = [r for r in rows if r["section"] in ("attention", "long")]
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
         print(f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s}")
@@ -398,7 +467,7 @@ def print_table(rows: list[dict]) -> None:
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s}")  # fmt: skip
-    other = [r for r in rows if r["section"] != "attention"]
+    other = [r for r in rows if r["section"] not in ("attention", "long")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s")
         for r in other:
@@ -418,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cpu"
         args.lengths = [n for n in args.lengths if n <= 64] or [16, 33]
         args.tokens, args.heads, args.head_dim, args.model_length = 64, 2, 16, 32
+        args.long_lengths = [n for n in args.long_lengths if n <= 64] or [32, 64]
     elif not torch.cuda.is_available():
         print(
             "attention_gpu.py needs a CUDA device; none is available here, nothing was measured or written. "
@@ -430,16 +500,25 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     dtype = torch.bfloat16
     rows: list[dict] = []
-    sections = {"attention": attention_section, "model": model_section, "packed": packed_section}
+    sections = {
+        "attention": attention_section,
+        "long": long_section,
+        "model": model_section,
+        "packed": packed_section,
+    }
     for name in args.sections:
         if name not in sections:
             raise SystemExit(f"unknown section {name!r}; expected some of {sorted(sections)}")
         rows += sections[name](args, device, dtype)
     print_table(rows)
+    checks = verdicts(rows)
+    print("\n" + TARGETS + ("\n  " + "\n  ".join(checks) if checks else ""))
     result = {
         "environment": environment(device),
         "smoke": args.smoke,
         "flop_convention": FLOPS_NOTE,
+        "targets": TARGETS,
+        "verdicts": checks,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ CHECKPOINT_ELEMENTS = 1 << 26
 # probabilities are kept for the backward pass when there are at most STORE_KEYS keys (memory O(N·STORE_KEYS)
 # per head) and B·H·Nq·Nk <= STORE_ELEMENTS, else recomputed tile by tile (memory O(N·block))
 TRAIN_TILE_ELEMENTS = 1 << 20
-INFER_TILE_ELEMENTS = 1 << 22
+INFER_TILE_ELEMENTS = 14 << 20  # inference: up to 56 MiB of scores per tile (one tile at (2, 512))
 STORE_KEYS = 1024
 STORE_ELEMENTS = 1 << 26
 # query rows per block of the far-field path's band
@@ -98,8 +98,11 @@ def chunked_attention(
         return _train_toeplitz(ctx, dropout_p, block_size).to(v.dtype), None
 
     if not needs_grad and dropout_p == 0.0:  # inference: tile by tile into one output
+        tiles = ctx.tiles(block_size, INFER_TILE_ELEMENTS)
+        if len(tiles) == 1:
+            return _block(ctx, 0, Nq, 0.0).to(v.dtype), None
         out = ctx.q.new_empty(B, H, Nq, v.shape[-1])
-        for b0, b1, i0, i1, _, _ in ctx.tiles(block_size, INFER_TILE_ELEMENTS):
+        for b0, b1, i0, i1, _, _ in tiles:
             out[b0:b1, :, i0:i1] = _block(ctx.batch(b0, b1), i0, i1, 0.0)
         return out.to(v.dtype), None
 
@@ -392,6 +395,7 @@ class _Context:
                 dense=cut(g.dense),
             )
             sub.B = b1 - b0
+            sub._batches = {}  # its own (empty) cache: sharing this one would make a reference cycle
             self._batches[key] = sub
         return self._batches[key]
 

@@ -82,8 +82,11 @@ GRID = {
     "cross_nq_lt_nk": Case(n=20, n_k=45),
     "cross_nq_gt_nk": Case(n=45, n_k=20, rel=CLAMP),
     "explicit_positions": Case(n=20, n_k=45, q_offset=25, causal=True),
+    "d64_heads2": Case(n=20, heads=2, dim=64),
+    "d128_v1_padding": Case(n=18, batch=2, dim=128, rel=CLAMP, key_lengths=(18, 7)),
+    "d8_zero_padded_to_16": Case(n=33, dim=8),
 }
-HALF_GRID = ["n70_saturating", "padding", "packed_causal", "p2c_only"]
+HALF_GRID = list(GRID)
 HALF_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
@@ -160,7 +163,9 @@ def test_matches_eager_bfloat16(name):
     _compare(GRID[name], torch.bfloat16, DEVICE)
 
 
-@pytest.mark.parametrize("name", ["n70_saturating", "packed"])
+@pytest.mark.parametrize(
+    "name", ["n70_saturating", "packed", "causal_padding", "d64_heads2", "explicit_positions"]
+)
 def test_matches_eager_float16(name):
     _compare(GRID[name], torch.float16, DEVICE)
 
@@ -256,7 +261,7 @@ def test_registry_declines_what_it_cannot_serve():
         (dict(dropout=True), "dropout"),
         (dict(needs_probs=True), "probabilities"),
         (dict(dense_mask=True), "dense"),
-        (dict(head_dim=48), "head dim"),
+        (dict(head_dim=160), "head dim"),
         (dict(dtype=torch.float64), "dtype"),
     ]:
         with pytest.raises(ValueError, match=words):
@@ -264,6 +269,8 @@ def test_registry_declines_what_it_cannot_serve():
     # on CPU it only runs interpreted: `auto` keeps choosing another backend there
     assert get_backend("auto", Request(**{**base, "device_type": "cpu"})).name != "triton"
     assert get_backend("auto", Request(**{**base, "device_type": "cuda"})).name == "triton"
+    # training with attention dropout on CUDA: `auto` picks a backend that has it
+    assert get_backend("auto", Request(**{**base, "device_type": "cuda", "dropout": True})).name != "triton"
 
 
 def test_registry_refuses_cpu_without_interpreter(monkeypatch):
@@ -381,11 +388,13 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     import json
 
     out = tmp_path / "smoke.json"
-    assert (
-        _benchmark_module().main(["--smoke", "--sections", "attention", "--lengths", "16", "--out", str(out)])
-        == 0
-    )
-    rows = json.loads(out.read_text())["rows"]
-    impls = {r["impl"] for r in rows}
+    args = ["--smoke", "--sections", "attention", "long", "--lengths", "16", "--long-lengths", "16", "32"]
+    assert _benchmark_module().main([*args, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    impls = {r["impl"] for r in rows if r["section"] == "attention"}
     assert {"triton", "eager", "sdpa (no position terms)"} <= impls
     assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in ("triton", "eager"))
+    long = [r for r in rows if r["section"] == "long" and r["impl"] == "triton"]
+    assert [r["batch"] for r in long] == [1, 1] and "peak_per_token_vs_shortest" not in long[0]
+    assert any(v.startswith("long N=32 batch 1: runs") for v in result["verdicts"])
