@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (batch, length, layers, mode, timed repetitions per implementation, run Hugging Face)
 CASES = {
-    "fwd-8x128": (8, 128, 12, "forward", 5, True),
-    "fwd-2x512": (2, 512, 12, "forward", 5, True),
+    "fwd-8x128": (8, 128, 12, "forward", 9, True),
+    "fwd-2x512": (2, 512, 12, "forward", 9, True),
     "fwd-1x2048": (1, 2048, 12, "forward", 3, True),
     "fwd-1x8192": (1, 8192, 2, "forward", 1, True),
     "fwd-1x32768": (1, 32768, 2, "forward", 1, False),
-    "train-4x512": (4, 512, 4, "train", 3, True),
+    "train-4x512": (4, 512, 4, "train", 5, True),
 }
 
 # the targets: minimum speed ratio (ours / HF), and memory limits
