@@ -25,12 +25,13 @@ from debertakit.attention.flex import flex_disentangled_attention
 from debertakit.model.heads import _query_subset
 
 BACKENDS = {"chunked": chunked_attention, "flex": flex_disentangled_attention}
-try:  # the Triton kernels: compiled on CUDA, interpreted on CPU (tests/conftest.py sets TRITON_INTERPRET=1)
+try:  # the Triton kernels, interpreted on these CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1 without
+    # CUDA; with CUDA, tests/attention/test_triton.py runs its grids compiled on the GPU)
     import triton  # noqa: F401
 
     from debertakit.attention.triton_backend import interpreter_enabled, triton_attention
 
-    if torch.cuda.is_available() or interpreter_enabled():
+    if interpreter_enabled():
         BACKENDS["triton"] = triton_attention
 except ImportError:
     pass
@@ -44,7 +45,7 @@ def _grid_params(names):
     params = []
     for backend in sorted(BACKENDS):
         for name in names:
-            slow = backend == "triton" and not torch.cuda.is_available() and name in INTERPRETED_SLOW
+            slow = backend == "triton" and name in INTERPRETED_SLOW
             marks = [pytest.mark.slow] if slow else []
             params.append(pytest.param(backend, name, marks=marks, id=f"{backend}-{name}"))
     return params
