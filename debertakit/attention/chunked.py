@@ -489,14 +489,14 @@ def _tile_output(probs: Tensor, keep: Tensor | None, drop_scale: float, v: Tenso
     return (probs.masked_fill(~keep, 0) @ v).mul_(drop_scale)  # scale the (bq, D) output, not (bq, nk)
 
 
-def _tile_grads(grad_out, q, k, v, probs, keep, drop_scale: float, scale: float, need_v: bool = True):
-    """(grad q, grad k, grad v or None, grad scores) of one tile, from the output gradient (float32)."""
+def _tile_grads(grad_out, q, k, v, probs, keep, drop_scale: float, scale: float):
+    """(grad q, grad k, grad v, grad scores) of one tile, from the output gradient (float32)."""
     if keep is not None:
         grad_out = grad_out * drop_scale
         kept = probs.masked_fill(~keep, 0)
     else:
         kept = probs
-    grad_v = kept.transpose(-1, -2) @ grad_out if need_v else None
+    grad_v = kept.transpose(-1, -2) @ grad_out
     del kept
     grad_probs = grad_out @ v.transpose(-1, -2)
     if keep is not None:
@@ -628,7 +628,7 @@ def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
     if p > 0.0:
         generator = torch.Generator(device=ctx.q.device)
         generator.manual_seed(seed)
-    kb = sub.k[:, :, ks:ke]
+    kb, _ = sub.keys(ks, ke)
     return _tile_probs(
         sub.q[:, :, i0:i1], kb, sub.bias(i0, i1, ks, ke), sub.allowed(i0, i1, ks, ke), ctx.scale, p, generator
     )
