@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from debertakit.attention import cpu_kernel
 from debertakit.attention.dropout import keep_mask
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
@@ -53,6 +54,8 @@ TRAIN_TILE_ELEMENTS = 1 << 20
 INFER_TILE_ELEMENTS = 14 << 20  # inference: up to 56 MiB of scores per tile (one tile at (2, 512))
 STORE_KEYS = 1024
 STORE_ELEMENTS = 1 << 26
+# inference on the CPU: the compiled kernel below this many tokens, the far-field path (where it applies) from it
+FUSED_MAX_KEYS = 8192
 # query rows per block of the far-field path's band
 FAR_BLOCK = 256
 # inference uses the fused far-field path when the input is this many saturation distances long
@@ -76,11 +79,14 @@ def chunked_attention(
     return_probs: bool = False,
     block_size: int | None = None,
     far_field: bool | None = None,
+    fused: bool | None = None,
 ) -> tuple[Tensor, None]:
     """Same contract as `eager_attention` (without probabilities).
 
     ``block_size`` overrides the query rows per block; ``far_field`` forces (True) or forbids (False) the fused
-    far-field path where it applies (None: when the input is long against the saturation distance).
+    far-field path where it applies (None: when the input is long against the saturation distance). ``fused``
+    asks for (True: an error where it cannot run) or forbids (False) the compiled CPU kernel at inference
+    (None: wherever it applies and could be built).
     """
     if return_probs:
         raise ValueError("the chunked backend does not return attention probabilities; use backend 'eager'")
@@ -91,13 +97,21 @@ def chunked_attention(
     needs_grad = ctx.needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)
     )
-    if not needs_grad and dropout_p == 0.0 and far_field is not False and ctx.far_field_ok(far_field):
+    inference = not needs_grad and dropout_p == 0.0
+    # the far-field path overtakes the compiled kernel on very long inputs (benchmarks/attention_backends.py)
+    far_first = far_field is True or (
+        fused is None and far_field is None and Nq >= FUSED_MAX_KEYS and ctx.far_field_ok(None)
+    )
+    if inference and not far_first and _use_fused(ctx, fused):
+        return _fused(ctx).to(v.dtype), None
+    ctx.with_rows()
+    if inference and far_field is not False and ctx.far_field_ok(far_field):
         return _far_field(ctx, block_size).to(v.dtype), None
 
     if needs_grad and ctx.toeplitz:
         return _train_toeplitz(ctx, dropout_p, block_size).to(v.dtype), None
 
-    if not needs_grad and dropout_p == 0.0:  # inference: tile by tile into one output
+    if inference:  # tile by tile into one output
         tiles = ctx.tiles(block_size, INFER_TILE_ELEMENTS)
         if len(tiles) == 1:
             return _block(ctx, 0, Nq, 0.0).to(v.dtype), None
@@ -159,21 +173,25 @@ class _Context:
             and self.Nq == self.Nk
         )
         self.toeplitz = plain or packed
-        # c2p (+ p2p) of every query and p2c of every key against every table row, scaled: (B|1, H, N, R).
-        # N·R, not N²: Algorithm 1 of the paper; blocks gather from them.
-        self.c2p_rows = None
-        if terms.c2p:
-            self.c2p_rows = self.q @ self.pos_k.transpose(-1, -2)
-        if self.p2p is not None:
-            pp = self.p2p[None, :, None, :]
-            self.c2p_rows = pp if self.c2p_rows is None else self.c2p_rows + pp
-        self.p2c_rows = self.k @ self.pos_q.transpose(-1, -2) if terms.p2c else None
+        # `with_rows` computes them (the compiled CPU kernel does not need them)
+        self.c2p_rows = self.p2c_rows = None
         self._index_cache: dict[tuple, Tensor] = {}
         self.packed = packed
         if packed:
             self.cu = [int(x) for x in geom.cu_seqlens.tolist()]
         self.sat = rel.saturation if rel is not None else 0
         self._batches: dict[tuple[int, int], _Context] = {}
+
+    def with_rows(self) -> _Context:
+        """Compute c2p (+ p2p) of every query and p2c of every key against every table row, scaled:
+        (B|1, H, N, R). N·R, not N²: Algorithm 1 of the paper; blocks gather from them."""
+        if self.terms.c2p:
+            self.c2p_rows = self.q @ self.pos_k.transpose(-1, -2)
+        if self.p2p is not None:
+            pp = self.p2p[None, :, None, :]
+            self.c2p_rows = pp if self.c2p_rows is None else self.c2p_rows + pp
+        self.p2c_rows = self.k @ self.pos_q.transpose(-1, -2) if self.terms.p2c else None
+        return self
 
     # ---- table rows -------------------------------------------------------------------------------------
     def rows(self, delta: Tensor) -> Tensor:
@@ -241,6 +259,22 @@ class _Context:
         if g.dense is not None:
             allowed = both(g.dense[:, :, i0:i1, ks:ke].bool())
         return allowed
+
+    def key_windows(self) -> tuple[Tensor, Tensor]:
+        """(N,) int32 start and end of the keys each query may see at all: its packed sequence (none for row
+        padding), cut at the query itself when causal."""
+        n = self.Nq
+        i = torch.arange(n)
+        start, end = torch.zeros(n, dtype=torch.long), torch.full((n,), self.Nk, dtype=torch.long)
+        if self.packed:
+            cu = torch.tensor(self.cu)
+            seg = torch.bucketize(i, cu[1:], right=True).clamp_(max=len(self.cu) - 2)
+            real = i < cu[-1]
+            start = torch.where(real, cu[seg], i)
+            end = torch.where(real, cu[seg + 1], i)
+        if self.geom.causal:
+            end = torch.minimum(end, i + 1)
+        return start.int(), torch.maximum(end, start).int()
 
     def _positions(self) -> tuple[Tensor, Tensor]:
         return self.geom.positions(self.Nq, self.Nk, self.q.device)
@@ -635,6 +669,58 @@ def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
 
 
 # ---- inference on long inputs: the far field through the fused kernel ------------------------------------
+
+
+def _fused_reason(ctx: _Context) -> str | None:
+    """Why the compiled CPU kernel cannot run this inference call (None when it can)."""
+    g = ctx.geom
+    if ctx.q.device.type != "cpu":
+        return f"it runs on the CPU, not {ctx.q.device.type}"
+    if not ctx.toeplitz:
+        return "it needs distance i - j (no explicit positions or query subsets)"
+    if g.dense is not None:
+        return "it takes no dense attention mask"
+    if g.q_segments is not None and not ctx.packed:
+        return "it takes segments only as a packed batch (cu_seqlens)"
+    if cpu_kernel.load() is None:
+        return f"it could not be built: {cpu_kernel.error() or 'disabled by DEBERTAKIT_CPU_KERNEL=0'}"
+    return None
+
+
+def _use_fused(ctx: _Context, fused: bool | None) -> bool:
+    if fused is False:
+        return False
+    if fused is None and (
+        ctx.q.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing()
+    ):
+        return False  # no build attempt off the CPU; graphs being captured keep to PyTorch operations
+    reason = _fused_reason(ctx)
+    if reason is not None and fused:
+        raise ValueError(f"fused=True, but the compiled CPU kernel cannot run this call: {reason}")
+    return reason is None
+
+
+def _fused(ctx: _Context) -> Tensor:
+    """The whole inference call in the compiled CPU kernel (`debertakit.attention.cpu_kernel`)."""
+    N, t = ctx.Nq, ctx.terms
+    none = ctx.q.new_empty(0)
+    index = ctx.rows(torch.arange(-(N - 1), N)).int() if t.any and N > 0 else none.int()
+    start, end = ctx.key_windows()
+    key_mask = none.bool() if ctx.key_mask is None else ctx.key_mask.bool().expand(ctx.B, N).contiguous()
+    return cpu_kernel.load().forward(
+        ctx.q,
+        ctx.k,
+        ctx.v,
+        ctx.pos_k.contiguous() if t.c2p else none,
+        ctx.pos_q.contiguous() if t.p2c else none,
+        ctx.p2p.contiguous() if t.p2p else none,
+        index,
+        key_mask,
+        start,
+        end,
+        max(ctx.sat, 1),
+        ctx.scale,
+    )
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False, mask: Tensor | None = None):

@@ -85,17 +85,18 @@ def packed_geometry(cu_seqlens: Tensor, total: int, causal: bool = False) -> tup
     seg = torch.where(real, seg, torch.full_like(seg, -1))
     pos = t - cu[torch.clamp(seg, min=0)]
     pos = torch.where(real, pos, torch.zeros_like(pos))
-    geom = Geometry(
+    seg, pos = seg[None], pos[None]
+    geom = Geometry(  # queries and keys share one tensor each: backends recognise distance i - j by identity
         key_mask=real[None],
-        q_segments=seg[None],
-        k_segments=seg[None],
-        q_positions=pos[None],
-        k_positions=pos[None],
+        q_segments=seg,
+        k_segments=seg,
+        q_positions=pos,
+        k_positions=pos,
         causal=causal,
         cu_seqlens=cu_seqlens.to(torch.int32),
         max_seqlen=int(lengths.max()) if lengths.numel() else 0,
     )
-    return geom, pos[None]
+    return geom, pos
 
 
 def validate_cu_seqlens(cu_seqlens: Tensor, total: int) -> None:

@@ -199,18 +199,66 @@ def grad_tol(ref: torch.Tensor, inputs=None) -> float:
     return tol
 
 
+# the compiled CPU kernel serves inference with distance i - j (no query subsets, no dense masks)
+FUSED_DECLINES = {"subset": "distance i - j", "packed-subset": "distance i - j", "dense": "dense"}
+
+
 @pytest.mark.parametrize("name", sorted(GRID))
 def test_chunked_inference_paths(name):
-    """Without gradients `chunked` may take the far-field path (fused kernel + augmented q/k); force it on every
-    case where it applies, and check the automatic choice too."""
+    """Without gradients `chunked` runs the compiled CPU kernel where it applies, else may take the far-field
+    path (fused attention + augmented q/k) or the blocks: every path on every case against eager."""
     case = GRID[name]
     inputs = make(case, grad=False)
     with torch.no_grad():
         ref = run(eager_attention, inputs, case.terms)
-        for far_field in (None, True):
-            got = run(chunked_attention, inputs, case.terms, far_field=far_field, block_size=case.block)
+        paths = {
+            "automatic": {},
+            "pure PyTorch": dict(fused=False),
+            "far field": dict(fused=False, far_field=True),
+            "compiled kernel": dict(fused=True),
+        }
+        for path, kw in paths.items():
+            if path == "compiled kernel" and case.geometry in FUSED_DECLINES:
+                with pytest.raises(ValueError, match=FUSED_DECLINES[case.geometry]):
+                    run(chunked_attention, inputs, case.terms, **kw)
+                continue
+            got = run(chunked_attention, inputs, case.terms, block_size=case.block, **kw)
             err = (got - ref).abs().max().item()
-            assert err <= 1e-5, f"{name} far_field={far_field}: output differs by {err:.3g}"
+            assert err <= 1e-5, f"{name} {path}: output differs by {err:.3g}"
+
+
+def test_compiled_cpu_kernel_is_built_and_used(monkeypatch):
+    """The test environment has a compiler and ninja: the kernel must build, and inference must use it."""
+    from debertakit.attention import cpu_kernel
+
+    assert cpu_kernel.load() is not None, f"the CPU kernel did not build: {cpu_kernel.error()}"
+    calls = []
+    real = chunked_mod._fused
+    monkeypatch.setattr(chunked_mod, "_fused", lambda ctx: calls.append(1) or real(ctx))
+    case = GRID["n129-v3-packed-causal"]
+    inputs = make(case, grad=False)
+    with torch.no_grad():
+        got = run(chunked_attention, inputs, case.terms)
+        ref = run(eager_attention, inputs, case.terms)
+    assert calls == [1]
+    assert (got - ref).abs().max().item() <= 1e-5
+    run(chunked_attention, make(case, grad=True), case.terms)  # gradients or dropout: never the kernel
+    run(chunked_attention, inputs, case.terms, dropout_p=0.1)
+    assert calls == [1]
+
+
+def test_compiled_cpu_kernel_can_be_turned_off(monkeypatch):
+    from debertakit.attention import cpu_kernel
+
+    monkeypatch.setenv("DEBERTAKIT_CPU_KERNEL", "0")
+    monkeypatch.setattr(cpu_kernel, "_STATE", {})
+    case = GRID["n7-v3-padding"]
+    inputs = make(case, grad=False)
+    with torch.no_grad(), pytest.raises(ValueError, match="DEBERTAKIT_CPU_KERNEL=0"):
+        run(chunked_attention, inputs, case.terms, fused=True)
+    with torch.no_grad():
+        got = run(chunked_attention, inputs, case.terms)  # falls back to pure PyTorch
+        assert (got - run(eager_attention, inputs, case.terms)).abs().max().item() <= 1e-5
 
 
 def test_far_field_path_is_taken_and_exact(monkeypatch):
