@@ -108,6 +108,8 @@ def chunked_attention(
     if inference and far_field is not False and ctx.far_field_ok(far_field):
         return _far_field(ctx, block_size).to(v.dtype), None
 
+    if (needs_grad or dropout_p > 0.0) and _use_fused(ctx, fused, training=True):
+        return _train_fused(ctx, dropout_p).to(v.dtype), None
     if needs_grad and ctx.toeplitz:
         return _train_toeplitz(ctx, dropout_p, block_size).to(v.dtype), None
 
@@ -671,8 +673,8 @@ def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
 # ---- inference on long inputs: the far field through the fused kernel ------------------------------------
 
 
-def _fused_reason(ctx: _Context) -> str | None:
-    """Why the compiled CPU kernel cannot run this inference call (None when it can)."""
+def _fused_reason(ctx: _Context, training: bool) -> str | None:
+    """Why the compiled CPU kernel cannot run this call (None when it can)."""
     g = ctx.geom
     if ctx.q.device.type != "cpu":
         return f"it runs on the CPU, not {ctx.q.device.type}"
@@ -682,31 +684,57 @@ def _fused_reason(ctx: _Context) -> str | None:
         return "it takes no dense attention mask"
     if g.q_segments is not None and not ctx.packed:
         return "it takes segments only as a packed batch (cu_seqlens)"
+    if training and not _store_probs(ctx):
+        return (
+            f"in training it keeps the probabilities: at most {STORE_KEYS} keys and {STORE_ELEMENTS} scores "
+            f"(got {ctx.Nk} keys, {ctx.B * ctx.H * ctx.Nq * ctx.Nk} scores)"
+        )
     if cpu_kernel.load() is None:
         return f"it could not be built: {cpu_kernel.error() or 'disabled by DEBERTAKIT_CPU_KERNEL=0'}"
     return None
 
 
-def _use_fused(ctx: _Context, fused: bool | None) -> bool:
+def _observed() -> bool:
+    """A graph being captured (torch.compile, tracing) or a dispatch mode watching the operations (FLOP
+    counting, say): they would not see inside the compiled kernel."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch.utils._python_dispatch._get_current_dispatch_mode() is not None
+    )
+
+
+def _use_fused(ctx: _Context, fused: bool | None, training: bool = False) -> bool:
     if fused is False:
         return False
-    if fused is None and (
-        ctx.q.device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing()
-    ):
-        return False  # no build attempt off the CPU; graphs being captured keep to PyTorch operations
-    reason = _fused_reason(ctx)
+    if fused is None and (ctx.q.device.type != "cpu" or _observed()):
+        return False  # no build attempt off the CPU; observed calls keep to PyTorch operations
+    reason = _fused_reason(ctx, training)
     if reason is not None and fused:
         raise ValueError(f"fused=True, but the compiled CPU kernel cannot run this call: {reason}")
     return reason is None
 
 
+def _layout(ctx: _Context, need_index: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's view of the geometry: table row of every distance -(N-1)..N-1 (int32, empty when no
+    position term), and each query's key window."""
+    N = ctx.Nq
+    index = (
+        ctx.rows(torch.arange(-(N - 1), N)).int() if need_index and N > 0 else torch.empty(0, dtype=torch.int)
+    )
+    return (index, *ctx.key_windows())
+
+
+def _key_mask(ctx: _Context) -> Tensor:
+    none = torch.empty(0, dtype=torch.bool)
+    return none if ctx.key_mask is None else ctx.key_mask.bool().expand(ctx.B, ctx.Nk).contiguous()
+
+
 def _fused(ctx: _Context) -> Tensor:
     """The whole inference call in the compiled CPU kernel (`debertakit.attention.cpu_kernel`)."""
-    N, t = ctx.Nq, ctx.terms
+    t = ctx.terms
     none = ctx.q.new_empty(0)
-    index = ctx.rows(torch.arange(-(N - 1), N)).int() if t.any and N > 0 else none.int()
-    start, end = ctx.key_windows()
-    key_mask = none.bool() if ctx.key_mask is None else ctx.key_mask.bool().expand(ctx.B, N).contiguous()
+    index, start, end = _layout(ctx, t.any)
     return cpu_kernel.load().forward(
         ctx.q,
         ctx.k,
@@ -715,12 +743,79 @@ def _fused(ctx: _Context) -> Tensor:
         ctx.pos_q.contiguous() if t.p2c else none,
         ctx.p2p.contiguous() if t.p2p else none,
         index,
-        key_mask,
+        _key_mask(ctx),
         start,
         end,
         max(ctx.sat, 1),
         ctx.scale,
     )
+
+
+def _store_probs(ctx: _Context) -> bool:
+    return ctx.Nk <= STORE_KEYS and ctx.B * ctx.H * ctx.Nq * ctx.Nk <= STORE_ELEMENTS
+
+
+class _CompiledToeplitz(torch.autograd.Function):
+    """Training with distance i - j in the compiled CPU kernel: one pass per (batch, head) for the forward
+    (probabilities kept, as `_ToeplitzAttention` keeps them for short inputs) and one for the backward, which
+    scatters the bias gradient straight into the (N, R) row terms. The dropout mask is drawn here, whole."""
+
+    @staticmethod
+    def forward(fctx, ctx: _Context, p: float, q, k, v, c2p_rows, p2c_rows):
+        B, H, N = ctx.B, ctx.H, ctx.Nq
+        keep, drop_scale = _tile_masks(ctx, p) if p > 0.0 else (q.new_empty(0).bool(), 1.0)
+        layout = _layout(ctx, c2p_rows is not None or p2c_rows is not None)
+
+        def full(rows: Tensor | None) -> Tensor:  # (B|1, H, N|1, R) -> (B, H, N, R) contiguous
+            return q.new_empty(0) if rows is None else rows.expand(B, H, N, ctx.R).contiguous()
+
+        out, probs = cpu_kernel.load().train_forward(
+            q, k, v, full(c2p_rows), full(p2c_rows), layout[0], _key_mask(ctx), *layout[1:], max(ctx.sat, 1),
+            ctx.scale, keep, drop_scale,
+        )  # fmt: skip
+        fctx.save_for_backward(q, k, v, probs, keep)
+        fctx.layout, fctx.drop_scale, fctx.ctx = layout, drop_scale, ctx
+        fctx.shapes = (
+            None if c2p_rows is None else c2p_rows.shape,
+            None if p2c_rows is None else p2c_rows.shape,
+        )
+        return out
+
+    @staticmethod
+    def backward(fctx, grad_out):
+        q, k, v, probs, keep = fctx.saved_tensors
+        ctx: _Context = fctx.ctx
+        c_shape, p_shape = fctx.shapes
+        want_c = c_shape is not None and fctx.needs_input_grad[5]
+        want_p = p_shape is not None and fctx.needs_input_grad[6]
+        index, start, end = fctx.layout
+        gq, gk, gv, gc, gp = cpu_kernel.load().train_backward(
+            grad_out.float().contiguous(), q, k, v, probs, keep, fctx.drop_scale, index, start, end,
+            max(ctx.sat, 1), ctx.scale, ctx.R, want_c, want_p,
+        )  # fmt: skip
+        gc = gc.sum_to_size(c_shape) if want_c else None
+        gp = gp.sum_to_size(p_shape) if want_p else None
+        return None, None, gq, gk, gv, gc, gp
+
+
+def _tile_masks(ctx: _Context, p: float) -> tuple[Tensor, float]:
+    """The (B, H, N, N) dropout keep mask, drawn tile by tile exactly as `_ToeplitzAttention` draws it, so the
+    compiled and the pure PyTorch paths (taken under torch.compile) drop the same probabilities."""
+    seed = int(torch.randint(0, 2**62, (), device="cpu"))
+    keep = torch.zeros(ctx.B, ctx.H, ctx.Nq, ctx.Nk, dtype=torch.bool)
+    scale = 1.0
+    for t, (b0, b1, i0, i1, ks, ke) in enumerate(ctx.tiles(None, TRAIN_TILE_ELEMENTS)):
+        if ke > ks:
+            generator = torch.Generator(device=ctx.q.device)
+            generator.manual_seed(seed + t)
+            tile, scale = keep_mask((b1 - b0, ctx.H, i1 - i0, ke - ks), p, ctx.q.device, generator)
+            keep[b0:b1, :, i0:i1, ks:ke] = tile
+    return keep, scale
+
+
+def _train_fused(ctx: _Context, p: float) -> Tensor:
+    inputs = (ctx.q, ctx.k, ctx.v, ctx.c2p_rows, ctx.p2c_rows)
+    return _CompiledToeplitz.apply(ctx, p, *inputs)
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False, mask: Tensor | None = None):

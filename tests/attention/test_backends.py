@@ -233,18 +233,19 @@ def test_compiled_cpu_kernel_is_built_and_used(monkeypatch):
 
     assert cpu_kernel.load() is not None, f"the CPU kernel did not build: {cpu_kernel.error()}"
     calls = []
-    real = chunked_mod._fused
-    monkeypatch.setattr(chunked_mod, "_fused", lambda ctx: calls.append(1) or real(ctx))
+    for entry in ("_fused", "_train_fused"):
+        real = getattr(chunked_mod, entry)
+        monkeypatch.setattr(chunked_mod, entry, lambda *a, e=entry, f=real: calls.append(e) or f(*a))
     case = GRID["n129-v3-packed-causal"]
     inputs = make(case, grad=False)
     with torch.no_grad():
         got = run(chunked_attention, inputs, case.terms)
         ref = run(eager_attention, inputs, case.terms)
-    assert calls == [1]
+    assert calls == ["_fused"]
     assert (got - ref).abs().max().item() <= 1e-5
-    run(chunked_attention, make(case, grad=True), case.terms)  # gradients or dropout: never the kernel
+    run(chunked_attention, make(case, grad=True), case.terms)  # gradients or dropout: the training entry
     run(chunked_attention, inputs, case.terms, dropout_p=0.1)
-    assert calls == [1]
+    assert calls == ["_fused", "_train_fused", "_train_fused"]
 
 
 def test_compiled_cpu_kernel_can_be_turned_off(monkeypatch):
@@ -301,17 +302,22 @@ TRAIN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("store", [True, False], ids=["kept-probabilities", "recomputed"])
+@pytest.mark.parametrize(
+    "path",
+    ["compiled kernel", "tiles, kept probabilities", "tiles, recomputed"],
+)
 @pytest.mark.parametrize("name", TRAIN_CASES)
-def test_chunked_training_tiles_match_eager(monkeypatch, name, store):
-    """Training with distance i - j runs one function over tiles (here `block` query rows of one batch
-    element, with saturated far-field pieces on long inputs), its probabilities kept or recomputed in the
-    backward pass: outputs and all gradients equal eager."""
-    monkeypatch.setattr(chunked_mod, "STORE_KEYS", 1 << 30 if store else 0)
+def test_chunked_training_paths_match_eager(monkeypatch, name, path):
+    """Training with distance i - j runs the compiled CPU kernel (probabilities kept) or, in pure PyTorch, one
+    function over tiles (here `block` query rows of one batch element, with saturated far-field pieces on long
+    inputs), its probabilities kept or recomputed in the backward pass: outputs and all gradients equal
+    eager. Every case is forced onto its path (the long ones keep their probabilities here)."""
+    monkeypatch.setattr(chunked_mod, "STORE_KEYS", 0 if path == "tiles, recomputed" else 1 << 30)
     case = GRID[name]
     inputs = make(case)
     ref = run(eager_attention, inputs, case.terms)
-    got = run(chunked_attention, inputs, case.terms, block_size=case.block or 40)
+    fused = path == "compiled kernel"
+    got = run(chunked_attention, inputs, case.terms, block_size=case.block or 40, fused=fused)
     assert (got - ref).abs().max().item() <= 1e-5
     w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
     for what, a, b in zip(NAMES, grads(got, inputs, w), grads(ref, inputs, w)):
@@ -334,7 +340,7 @@ def _reference_with_masks(inputs, terms: str, keep: torch.Tensor, drop_scale: fl
     return (probs * keep * drop_scale) @ v
 
 
-@pytest.mark.parametrize("train_path", ["i-j tiles", "explicit positions"])
+@pytest.mark.parametrize("train_path", ["compiled kernel", "i-j tiles", "explicit positions"])
 def test_chunked_dropout_equals_eager_with_the_drawn_masks(monkeypatch, train_path):
     """With dropout, output and gradients equal eager's probabilities times the masks the backend drew."""
     drawn = []
@@ -345,10 +351,11 @@ def test_chunked_dropout_equals_eager_with_the_drawn_masks(monkeypatch, train_pa
         return drawn[-1]
 
     monkeypatch.setattr(chunked_mod, "keep_mask", record)
-    geometry = "padding" if train_path == "i-j tiles" else "subset"
+    geometry = "subset" if train_path == "explicit positions" else "padding"
     case = Case(64, "v3-tiny", geometry=geometry)
     inputs = make(case)
-    got = run(chunked_attention, inputs, case.terms, dropout_p=0.3)
+    fused = None if train_path == "explicit positions" else train_path == "compiled kernel"
+    got = run(chunked_attention, inputs, case.terms, dropout_p=0.3, fused=fused)
     assert len(drawn) == 1  # one tile / block: one mask of the whole (B, H, Nq, Nk)
     keep, drop_scale = drawn[0]
     assert 0.6 < keep.float().mean().item() < 0.8
@@ -368,11 +375,28 @@ def test_chunked_dropout_recomputed_tiles_draw_the_same_masks(monkeypatch):
         monkeypatch.setattr(chunked_mod, "STORE_KEYS", store_keys)
         inputs = make(case)
         torch.manual_seed(11)
-        out = run(chunked_attention, inputs, case.terms, dropout_p=0.2, block_size=32)
+        out = run(chunked_attention, inputs, case.terms, dropout_p=0.2, block_size=32, fused=False)
         w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
         results.append([out, *grads(out, inputs, w)])
     for a, b, c in zip(*results):
         assert torch.equal(a, b) and torch.equal(b, c)
+
+
+def test_compiled_kernel_drops_what_the_pure_path_drops(monkeypatch):
+    """Training under torch.compile keeps to the pure PyTorch path; both paths draw the dropout mask tile by
+    tile from the same seed, so they compute the same function (up to rounding)."""
+    monkeypatch.setattr(chunked_mod, "TRAIN_TILE_ELEMENTS", 2 * 129 * 40)  # several tiles
+    case = Case(129, "v3-tiny", geometry="packed-causal", batch=1)
+    outs = []
+    for fused in (True, False):
+        inputs = make(case)
+        torch.manual_seed(5)
+        out = run(chunked_attention, inputs, case.terms, dropout_p=0.2, fused=fused)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+        outs.append([out, *grads(out, inputs, w)])
+    assert (outs[0][0] != 0).any()
+    for a, b in zip(*outs):
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
 def test_chunked_dropout_runs_and_scales():

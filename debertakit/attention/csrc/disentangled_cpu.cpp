@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 // The BLAS linked into libtorch_cpu (MKL on x86-64 wheels) exports the Fortran interface; ATen's own gemm
@@ -34,11 +35,12 @@ namespace {
 
 constexpr int64_t kBlock = 128;  // query rows per block (fewer make the GEMMs slower even where scores spill L2)
 
-// Row-major C(m×n) = alpha·A(m×k)·op(B) + beta·C, op(B) = B^T (B stored n×k) when trans_b, else B (k×n).
-// BLAS is column-major: the same memory read column-major is C^T = op(B)^T·A^T.
-void gemm(bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const char ta = trans_b ? 'T' : 'N', tb = 'N';
+// Row-major C(m×n) = alpha·op(A)·op(B) + beta·C with op(A) = A^T (A stored k×m) when trans_a, else A (m×k),
+// and op(B) = B^T (B stored n×k) when trans_b, else B (k×n). BLAS is column-major: the same memory read
+// column-major is C^T = op(B)^T·op(A)^T.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
   const int mm = static_cast<int>(n), nn = static_cast<int>(m), kk = static_cast<int>(k);
   const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
   sgemm_(&ta, &tb, &mm, &nn, &kk, &alpha, b, &la, a, &lb, &beta, c, &lc);
@@ -105,10 +107,138 @@ inline void far_terms(float* row, int64_t j0, int64_t j1, float c, const float* 
   }
 }
 
+// Who sees whom and through which table row; shared by every pass.
+struct Layout {
+  int64_t N = 0, R = 0, sat = 1;
+  const int32_t* index = nullptr;  // table row of distance d = i - j at d + N - 1 (null: no position terms)
+  const int32_t* start = nullptr;  // keys [start[i], end[i]) query i may see at all
+  const int32_t* end = nullptr;
+  int32_t row_left = 0, row_right = 0;  // table rows at distance +sat and -sat (constant beyond)
+
+  Layout(int64_t n, int64_t r, int64_t saturation, const torch::Tensor& idx, const torch::Tensor& key_start,
+         const torch::Tensor& key_end)
+      : N(n), R(r), sat(std::clamp<int64_t>(saturation, 1, std::max<int64_t>(n, 1))) {
+    for (const auto* t : {&key_start, &key_end}) {
+      TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->numel() == N,
+                  "key_start and key_end must be contiguous int32 with N = ", N, " entries");
+    }
+    start = key_start.data_ptr<int32_t>();
+    end = key_end.data_ptr<int32_t>();
+    if (idx.numel() > 0) {
+      TORCH_CHECK(idx.scalar_type() == at::kInt && idx.is_contiguous() && idx.numel() == 2 * N - 1,
+                  "index must be contiguous int32 with 2N - 1 = ", 2 * N - 1, " entries, got ", idx.numel());
+      index = idx.data_ptr<int32_t>();
+      row_left = index[std::min(N - 1 + sat, 2 * N - 2)];
+      row_right = index[std::max<int64_t>(N - 1 - sat, 0)];
+    }
+  }
+
+  // keys [ks, ke) that some row of [i0, i0 + bq) may see (ke <= ks: none)
+  std::pair<int64_t, int64_t> block_keys(int64_t i0, int64_t bq) const {
+    int64_t ks = N, ke = 0;
+    for (int64_t i = i0; i < i0 + bq; ++i) {
+      if (end[i] > start[i]) ks = std::min<int64_t>(ks, start[i]), ke = std::max<int64_t>(ke, end[i]);
+    }
+    return {ks, ke};
+  }
+
+  // row i's keys relative to ks, inside [0, nk) (a row that sees no key may lie outside the block's keys)
+  std::pair<int64_t, int64_t> window(int64_t i, int64_t ks, int64_t nk) const {
+    const int64_t j0 = std::clamp<int64_t>(start[i] - ks, 0, nk);
+    return {j0, std::clamp<int64_t>(end[i] - ks, j0, nk)};
+  }
+
+  // [b0, b1) within [j0, j1): keys closer than sat to query i (before: distance >= sat; after: <= -sat)
+  std::pair<int64_t, int64_t> band(int64_t i, int64_t ks, int64_t j0, int64_t j1) const {
+    const int64_t b0 = std::clamp<int64_t>(i - sat + 1 - ks, j0, j1);
+    return {b0, std::clamp<int64_t>(i + sat - ks, b0, j1)};
+  }
+
+  // ix[-j] is the table row of query i against key ks + j
+  const int32_t* rows_of(int64_t i, int64_t ks) const { return index + i + N - 1 - ks; }
+
+  // row[j] += c[idx] + p[j·R + idx] over the window [j0, j1) of query i (c: the query's c2p (+ p2p) row
+  // or null; p: p2c rows from key ks on, or null; far_l, far_r: p2c of the keys at +-sat, from ks on)
+  void add_terms(float* row, int64_t i, int64_t ks, int64_t j0, int64_t j1, const float* c, const float* p,
+                 const float* far_l, const float* far_r) const {
+    if (index == nullptr || j1 <= j0) return;
+    const auto [b0, b1] = band(i, ks, j0, j1);
+    far_terms(row, j0, b0, c ? c[row_left] : 0.0f, far_l);
+    far_terms(row, b1, j1, c ? c[row_right] : 0.0f, far_r);
+    const int32_t* ix = rows_of(i, ks);
+    if (c) {
+      for (int64_t j = b0; j < b1; ++j) row[j] += c[ix[-j]];
+    }
+    if (p) {
+      for (int64_t j = b0; j < b1; ++j) row[j] += p[j * R + ix[-j]];
+    }
+  }
+
+  // the transpose of add_terms: g[j] over the window [j0, j1) of query i into the c2p row gc (or null),
+  // the p2c rows gp from key ks on (or null) and the saturated p2c sums gfar_l, gfar_r (from ks on)
+  void scatter_terms(const float* g, int64_t i, int64_t ks, int64_t j0, int64_t j1, float* gc, float* gp,
+                     float* gfar_l, float* gfar_r) const {
+    if (index == nullptr || j1 <= j0) return;
+    const auto [b0, b1] = band(i, ks, j0, j1);
+    if (gc) {
+      float left = 0.0f, right = 0.0f;
+#pragma omp simd reduction(+ : left)
+      for (int64_t j = j0; j < b0; ++j) left += g[j];
+#pragma omp simd reduction(+ : right)
+      for (int64_t j = b1; j < j1; ++j) right += g[j];
+      gc[row_left] += left;
+      gc[row_right] += right;
+    }
+    if (gp) {
+      for (int64_t j = j0; j < b0; ++j) gfar_l[j] += g[j];
+      for (int64_t j = b1; j < j1; ++j) gfar_r[j] += g[j];
+    }
+    const int32_t* ix = rows_of(i, ks);
+    if (gc) {
+      for (int64_t j = b0; j < b1; ++j) gc[ix[-j]] += g[j];
+    }
+    if (gp) {
+      for (int64_t j = b0; j < b1; ++j) gp[j * R + ix[-j]] += g[j];
+    }
+  }
+};
+
+void check_qkv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), "q and k must be (B, H, N, D) of one shape, got ",
+              q.sizes(), " and ", k.sizes());
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "v must be (B, H, N, Dv) matching q ", q.sizes(), ", got ", v.sizes());
+}
+
+void check_float(std::initializer_list<const torch::Tensor*> ts) {
+  for (const auto* t : ts) {
+    TORCH_CHECK(t->numel() == 0 || (t->scalar_type() == at::kFloat && t->is_contiguous()),
+                "every tensor must be contiguous float32, got ", t->scalar_type());
+  }
+}
+
+const bool* mask_ptr(const torch::Tensor& key_mask, int64_t B, int64_t N) {
+  if (key_mask.numel() == 0) return nullptr;
+  TORCH_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 && key_mask.size(0) == B &&
+                  key_mask.size(1) == N && key_mask.is_contiguous(),
+              "key_mask must be a contiguous (B, N) bool tensor, got ", key_mask.sizes());
+  return key_mask.data_ptr<bool>();
+}
+
+template <typename T>
+const T* ptr_or_null(const torch::Tensor& t) {
+  return t.numel() > 0 ? t.data_ptr<T>() : nullptr;
+}
+
+// p2c of every key at the two saturated rows: far_l[j] = p[j, row_left], far_r[j] = p[j, row_right]
+void far_columns(const Layout& L, const float* p, float* far_l, float* far_r) {
+  for (int64_t j = 0; j < L.N; ++j) far_l[j] = p[j * L.R + L.row_left], far_r[j] = p[j * L.R + L.row_right];
+}
+
 }  // namespace
 
-// q, k: (B, H, N, D); v: (B, H, N, Dv); pos_k, pos_q: (H, R, D) or empty; p2p: (H, R) or empty (all float32,
-// contiguous; the position terms already scaled). index: (2N - 1,) int32, the table row of distance
+// Inference. q, k: (B, H, N, D); v: (B, H, N, Dv); pos_k, pos_q: (H, R, D) or empty; p2p: (H, R) or empty (all
+// float32, contiguous; the position terms already scaled). index: (2N - 1,) int32, the table row of distance
 // d = i - j at d + N - 1 (empty without position terms). key_mask: (B, N) bool or empty. key_start, key_end:
 // (N,) int32, the keys [key_start[i], key_end[i]) query i may see at all (its packed sequence; causal cuts the
 // end at i + 1). saturation: the distance from which the index is constant (|i - j| >= saturation uses the
@@ -116,125 +246,248 @@ inline void far_terms(float* row, int64_t j0, int64_t j1, float c, const float* 
 torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor pos_k,
                       torch::Tensor pos_q, torch::Tensor p2p, torch::Tensor index, torch::Tensor key_mask,
                       torch::Tensor key_start, torch::Tensor key_end, int64_t saturation, double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes(), "q and k must be (B, H, N, D) of one shape, got ",
-              q.sizes(), " and ", k.sizes());
-  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "v must be (B, H, N, Dv) matching q ", q.sizes(), ", got ", v.sizes());
-  for (const auto* t : {&q, &k, &v, &pos_k, &pos_q, &p2p}) {
-    TORCH_CHECK(t->numel() == 0 || (t->scalar_type() == at::kFloat && t->is_contiguous()),
-                "q, k, v and the position terms must be contiguous float32");
-  }
+  check_qkv(q, k, v);
+  check_float({&q, &k, &v, &pos_k, &pos_q, &p2p});
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
   const bool c2p = pos_k.numel() > 0, p2c = pos_q.numel() > 0, pp = p2p.numel() > 0;
-  const bool rel = c2p || p2c || pp;
   const int64_t R = c2p ? pos_k.size(1) : (p2c ? pos_q.size(1) : (pp ? p2p.size(1) : 0));
-  TORCH_CHECK(!c2p || (pos_k.dim() == 3 && pos_k.size(0) == H && pos_k.size(1) == R && pos_k.size(2) == D),
+  TORCH_CHECK(!c2p || (pos_k.dim() == 3 && pos_k.size(0) == H && pos_k.size(2) == D),
               "pos_k must be (H, R, D), got ", pos_k.sizes());
   TORCH_CHECK(!p2c || (pos_q.dim() == 3 && pos_q.size(0) == H && pos_q.size(1) == R && pos_q.size(2) == D),
               "pos_q must be (H, R, D), got ", pos_q.sizes());
   TORCH_CHECK(!pp || (p2p.dim() == 2 && p2p.size(0) == H && p2p.size(1) == R), "p2p must be (H, R), got ",
               p2p.sizes());
-  TORCH_CHECK(!rel || (index.scalar_type() == at::kInt && index.is_contiguous() && index.numel() == 2 * N - 1),
-              "index must be contiguous int32 with 2N - 1 = ", 2 * N - 1, " entries, got ", index.numel());
-  TORCH_CHECK(key_mask.numel() == 0 || (key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 &&
-                                        key_mask.size(0) == B && key_mask.size(1) == N && key_mask.is_contiguous()),
-              "key_mask must be a contiguous (B, N) bool tensor, got ", key_mask.sizes());
-  for (const auto* t : {&key_start, &key_end}) {
-    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->numel() == N,
-                "key_start and key_end must be contiguous int32 with N = ", N, " entries");
-  }
+  const Layout L(N, R, saturation, (c2p || p2c || pp) ? index : torch::Tensor(), key_start, key_end);
+  const bool* mp = mask_ptr(key_mask, B, N);
   auto out = torch::empty({B, H, N, Dv}, q.options());
   if (out.numel() == 0) return out;
-
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  const float* pkp = c2p ? pos_k.data_ptr<float>() : nullptr;
-  const float* pqp = p2c ? pos_q.data_ptr<float>() : nullptr;
-  const float* ppp = pp ? p2p.data_ptr<float>() : nullptr;
-  const int32_t* ixp = rel ? index.data_ptr<int32_t>() : nullptr;
-  const bool* mp = key_mask.numel() > 0 ? key_mask.data_ptr<bool>() : nullptr;
-  const int32_t* ksp = key_start.data_ptr<int32_t>();
-  const int32_t* kep = key_end.data_ptr<int32_t>();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *pkp = ptr_or_null<float>(pos_k), *pqp = ptr_or_null<float>(pos_q), *ppp = ptr_or_null<float>(p2p);
   float* op = out.data_ptr<float>();
-  // table rows of the saturated distances (the index is constant beyond +-sat)
-  const int64_t sat = std::clamp<int64_t>(saturation, 1, std::max<int64_t>(N, 1));
-  const int32_t row_left = rel ? ixp[std::min(N - 1 + sat, 2 * N - 2)] : 0;
-  const int32_t row_right = rel ? ixp[std::max<int64_t>(N - 1 - sat, 0)] : 0;
   const float fscale = static_cast<float>(scale);
 
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> P(p2c ? N * R : 0), C(rel ? kBlock * R : 0), S(kBlock * N);
-    std::vector<float> far_left(p2c ? N : 0), far_right(p2c ? N : 0);  // p2c of every key at +-sat
+    std::vector<float> P(p2c ? N * R : 0), C(R > 0 ? kBlock * R : 0), S(kBlock * N);
+    std::vector<float> far_l(p2c ? N : 0), far_r(p2c ? N : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float* qh = qp + bh * N * D;
-      const float* kh = kp + bh * N * D;
-      const float* vh = vp + bh * N * Dv;
+      const float *qh = qp + bh * N * D, *kh = kp + bh * N * D, *vh = vp + bh * N * Dv;
       float* oh = op + bh * N * Dv;
       if (p2c) {
-        gemm(true, N, R, D, 1.0f, kh, D, pqp + h * R * D, D, 0.0f, P.data(), R);  // P = k·Qr^T
-        for (int64_t j = 0; j < N; ++j) far_left[j] = P[j * R + row_left], far_right[j] = P[j * R + row_right];
+        gemm(false, true, N, R, D, 1.0f, kh, D, pqp + h * R * D, D, 0.0f, P.data(), R);  // P = k·Qr^T
+        far_columns(L, P.data(), far_l.data(), far_r.data());
       }
       for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
         const int64_t bq = std::min(kBlock, N - i0);
-        // keys [ks, ke) that some row of the block may see
-        int64_t ks = N, ke = 0;
-        for (int64_t i = i0; i < i0 + bq; ++i) {
-          if (kep[i] > ksp[i]) ks = std::min<int64_t>(ks, ksp[i]), ke = std::max<int64_t>(ke, kep[i]);
-        }
+        const auto [ks, ke] = L.block_keys(i0, bq);
         if (ke <= ks) {
           std::fill(oh + i0 * Dv, oh + (i0 + bq) * Dv, 0.0f);
           continue;
         }
         const int64_t nk = ke - ks;
         float* s = S.data();
-        gemm(true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s, nk);  // scale·q·k^T
-        if (c2p) gemm(true, bq, R, D, 1.0f, qh + i0 * D, D, pkp + h * R * D, D, 0.0f, C.data(), R);
-        if (pp) {
+        gemm(false, true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s, nk);  // scale·q·k^T
+        if (c2p) gemm(false, true, bq, R, D, 1.0f, qh + i0 * D, D, pkp + h * R * D, D, 0.0f, C.data(), R);
+        for (int64_t a = 0; pp && a < bq; ++a) {
+          float* c = C.data() + a * R;
           const float* pr = ppp + h * R;
-          for (int64_t a = 0; a < bq; ++a) {
-            float* c = C.data() + a * R;
-            if (c2p) {
-              for (int64_t r = 0; r < R; ++r) c[r] += pr[r];
-            } else {
-              std::memcpy(c, pr, R * sizeof(float));
-            }
-          }
+          for (int64_t r = 0; r < R; ++r) c[r] = (c2p ? c[r] : 0.0f) + pr[r];
         }
         for (int64_t a = 0; a < bq; ++a) {
           const int64_t i = i0 + a;
           float* row = s + a * nk;
-          // this row's keys relative to ks, inside [0, nk) (a row that sees no key may lie outside it)
-          const int64_t j0 = std::clamp<int64_t>(ksp[i] - ks, 0, nk);
-          const int64_t j1 = std::clamp<int64_t>(kep[i] - ks, j0, nk);
-          if (rel && j1 > j0) {
-            const int32_t* ix = ixp + i + N - 1 - ks;  // ix[-j]: the table row of distance i - (ks + j)
-            const float* c = (c2p || pp) ? C.data() + a * R : nullptr;
-            const float* pm = p2c ? P.data() + ks * R : nullptr;
-            // keys at distance >= sat (left) or <= -sat (right) share one table row per side: no lookups
-            const int64_t b0 = std::clamp<int64_t>(i - sat + 1 - ks, j0, j1);
-            const int64_t b1 = std::clamp<int64_t>(i + sat - ks, b0, j1);
-            far_terms(row, j0, b0, c ? c[row_left] : 0.0f, p2c ? far_left.data() + ks : nullptr);
-            far_terms(row, b1, j1, c ? c[row_right] : 0.0f, p2c ? far_right.data() + ks : nullptr);
-            if (c) {
-              for (int64_t j = b0; j < b1; ++j) row[j] += c[ix[-j]];
-            }
-            if (pm) {
-              for (int64_t j = b0; j < b1; ++j) row[j] += pm[j * R + ix[-j]];
-            }
-          }
+          const auto [j0, j1] = L.window(i, ks, nk);
+          L.add_terms(row, i, ks, j0, j1, (c2p || pp) ? C.data() + a * R : nullptr,
+                      p2c ? P.data() + ks * R : nullptr, p2c ? far_l.data() + ks : nullptr,
+                      p2c ? far_r.data() + ks : nullptr);
           std::fill(row, row + j0, 0.0f);
           softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
           std::fill(row + j1, row + nk, 0.0f);
         }
-        gemm(false, bq, Dv, nk, 1.0f, s, nk, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);  // probabilities·v
+        gemm(false, false, bq, Dv, nk, 1.0f, s, nk, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);  // probs·v
       }
     }
   });
   return out;
 }
 
+// Training, forward. c2p_rows: (B, H, N, R) c2p (+ p2p) of every query against every table row, or empty;
+// p2c_rows: (B, H, N, R) or empty (both scaled); keep: (B, H, N, N) bool dropout mask or empty, kept values
+// scaled by drop_scale. Returns the output (B, H, N, Dv) and the probabilities (B, H, N, N) (before dropout,
+// zero for hidden pairs) that the backward pass needs.
+std::vector<torch::Tensor> train_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                         torch::Tensor c2p_rows, torch::Tensor p2c_rows, torch::Tensor index,
+                                         torch::Tensor key_mask, torch::Tensor key_start, torch::Tensor key_end,
+                                         int64_t saturation, double scale, torch::Tensor keep,
+                                         double drop_scale) {
+  check_qkv(q, k, v);
+  check_float({&q, &k, &v, &c2p_rows, &p2c_rows});
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
+  const bool c2p = c2p_rows.numel() > 0, p2c = p2c_rows.numel() > 0;
+  const int64_t R = c2p ? c2p_rows.size(3) : (p2c ? p2c_rows.size(3) : 0);
+  for (const auto* t : {&c2p_rows, &p2c_rows}) {
+    TORCH_CHECK(t->numel() == 0 || (t->dim() == 4 && t->size(0) == B && t->size(1) == H && t->size(2) == N &&
+                                    t->size(3) == R),
+                "c2p_rows and p2c_rows must be (B, H, N, R) = (", B, ", ", H, ", ", N, ", ", R, "), got ",
+                t->sizes());
+  }
+  TORCH_CHECK(keep.numel() == 0 || (keep.scalar_type() == at::kBool && keep.is_contiguous() &&
+                                    keep.sizes() == torch::IntArrayRef({B, H, N, N})),
+              "keep must be a contiguous (B, H, N, N) bool tensor, got ", keep.sizes());
+  const Layout L(N, R, saturation, (c2p || p2c) ? index : torch::Tensor(), key_start, key_end);
+  const bool* mp = mask_ptr(key_mask, B, N);
+  auto out = torch::empty({B, H, N, Dv}, q.options());
+  auto probs = torch::empty({B, H, N, N}, q.options());
+  if (out.numel() == 0 || probs.numel() == 0) return {out.zero_(), probs};
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *cp = ptr_or_null<float>(c2p_rows), *pp = ptr_or_null<float>(p2c_rows);
+  const bool* keep_p = ptr_or_null<bool>(keep);
+  float *op = out.data_ptr<float>(), *probs_p = probs.data_ptr<float>();
+  const float fscale = static_cast<float>(scale), fdrop = static_cast<float>(drop_scale);
+
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> far_l(p2c ? N : 0), far_r(p2c ? N : 0), kept(keep_p ? kBlock * N : 0);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H;
+      const float *qh = qp + bh * N * D, *kh = kp + bh * N * D, *vh = vp + bh * N * Dv;
+      const float *ch = cp ? cp + bh * N * R : nullptr, *ph = pp ? pp + bh * N * R : nullptr;
+      float *oh = op + bh * N * Dv, *prob_h = probs_p + bh * N * N;
+      if (p2c) far_columns(L, ph, far_l.data(), far_r.data());
+      for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
+        const int64_t bq = std::min(kBlock, N - i0);
+        const auto [ks, ke] = L.block_keys(i0, bq);
+        float* s = prob_h + i0 * N;  // the block's rows of the probabilities, keys ks on
+        if (ke <= ks) {
+          std::fill(s, s + bq * N, 0.0f);
+          std::fill(oh + i0 * Dv, oh + (i0 + bq) * Dv, 0.0f);
+          continue;
+        }
+        const int64_t nk = ke - ks;
+        gemm(false, true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s + ks, N);
+        for (int64_t a = 0; a < bq; ++a) {
+          const int64_t i = i0 + a;
+          float* row = s + a * N + ks;
+          const auto [j0, j1] = L.window(i, ks, nk);
+          L.add_terms(row, i, ks, j0, j1, ch ? ch + i * R : nullptr, ph ? ph + ks * R : nullptr,
+                      p2c ? far_l.data() + ks : nullptr, p2c ? far_r.data() + ks : nullptr);
+          std::fill(s + a * N, row + j0, 0.0f);
+          softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
+          std::fill(row + j1, s + (a + 1) * N, 0.0f);
+        }
+        const float* lhs = s + ks;
+        int64_t ld = N;
+        if (keep_p) {  // dropped probabilities, for the output only
+          const bool* kb = keep_p + (bh * N + i0) * N + ks;
+          for (int64_t a = 0; a < bq; ++a) {
+            for (int64_t j = 0; j < nk; ++j) kept[a * nk + j] = kb[a * N + j] ? s[a * N + ks + j] : 0.0f;
+          }
+          lhs = kept.data(), ld = nk;
+        }
+        gemm(false, false, bq, Dv, nk, fdrop, lhs, ld, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);
+      }
+    }
+  });
+  return {out, probs};
+}
+
+// Training, backward: from the output gradient (B, H, N, Dv) and the forward's probabilities and dropout mask,
+// the gradients of q, k, v and of the c2p and p2c rows ((B, H, N, R) each, empty where not wanted).
+std::vector<torch::Tensor> train_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
+                                          torch::Tensor v, torch::Tensor probs, torch::Tensor keep,
+                                          double drop_scale, torch::Tensor index, torch::Tensor key_start,
+                                          torch::Tensor key_end, int64_t saturation, double scale, int64_t R,
+                                          bool want_c2p, bool want_p2c) {
+  check_qkv(q, k, v);
+  check_float({&grad_out, &q, &k, &v, &probs});
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
+  TORCH_CHECK(grad_out.sizes() == v.sizes(), "grad_out must be ", v.sizes(), ", got ", grad_out.sizes());
+  TORCH_CHECK(probs.sizes() == torch::IntArrayRef({B, H, N, N}), "probs must be (B, H, N, N), got ",
+              probs.sizes());
+  TORCH_CHECK(keep.numel() == 0 || (keep.scalar_type() == at::kBool && keep.sizes() == probs.sizes() &&
+                                    keep.is_contiguous()),
+              "keep must be a contiguous (B, H, N, N) bool tensor");
+  want_c2p = want_c2p && R > 0 && index.numel() > 0;
+  want_p2c = want_p2c && R > 0 && index.numel() > 0;
+  const Layout L(N, R, saturation, (want_c2p || want_p2c) ? index : torch::Tensor(), key_start, key_end);
+  auto gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
+  auto gc = want_c2p ? torch::empty({B, H, N, R}, q.options()) : torch::empty({0}, q.options());
+  auto gpt = want_p2c ? torch::empty({B, H, N, R}, q.options()) : torch::empty({0}, q.options());
+  const float *go = grad_out.data_ptr<float>(), *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>();
+  const float *vp = v.data_ptr<float>(), *probs_p = probs.data_ptr<float>();
+  const bool* keep_p = ptr_or_null<bool>(keep);
+  float *gqp = gq.data_ptr<float>(), *gkp = gk.data_ptr<float>(), *gvp = gv.data_ptr<float>();
+  float *gcp = want_c2p ? gc.data_ptr<float>() : nullptr, *gpp = want_p2c ? gpt.data_ptr<float>() : nullptr;
+  const float fscale = static_cast<float>(scale), fdrop = static_cast<float>(drop_scale);
+
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> gs(kBlock * N), kept(keep_p ? kBlock * N : 0), gfar_l(want_p2c ? N : 0),
+        gfar_r(want_p2c ? N : 0);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const float *goh = go + bh * N * Dv, *qh = qp + bh * N * D, *kh = kp + bh * N * D, *vh = vp + bh * N * Dv;
+      const float* prob_h = probs_p + bh * N * N;
+      float *gqh = gqp + bh * N * D, *gkh = gkp + bh * N * D, *gvh = gvp + bh * N * Dv;
+      float *gch = gcp ? gcp + bh * N * R : nullptr, *gph = gpp ? gpp + bh * N * R : nullptr;
+      std::fill(gkh, gkh + N * D, 0.0f);
+      std::fill(gvh, gvh + N * Dv, 0.0f);
+      if (gch) std::fill(gch, gch + N * R, 0.0f);
+      if (gph) {
+        std::fill(gph, gph + N * R, 0.0f);
+        std::fill(gfar_l.begin(), gfar_l.end(), 0.0f);
+        std::fill(gfar_r.begin(), gfar_r.end(), 0.0f);
+      }
+      for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
+        const int64_t bq = std::min(kBlock, N - i0);
+        const auto [ks, ke] = L.block_keys(i0, bq);
+        if (ke <= ks) {
+          std::fill(gqh + i0 * D, gqh + (i0 + bq) * D, 0.0f);
+          continue;
+        }
+        const int64_t nk = ke - ks;
+        const float* p = prob_h + i0 * N + ks;  // the block's probabilities, ld N
+        const float* used = p;                   // what multiplied v: the kept probabilities
+        int64_t ld_used = N;
+        const bool* kb = keep_p ? keep_p + (bh * N + i0) * N + ks : nullptr;
+        if (kb) {
+          for (int64_t a = 0; a < bq; ++a) {
+            for (int64_t j = 0; j < nk; ++j) kept[a * nk + j] = kb[a * N + j] ? p[a * N + j] : 0.0f;
+          }
+          used = kept.data(), ld_used = nk;
+        }
+        const float* gob = goh + i0 * Dv;
+        // grad v += drop_scale · used^T · grad_out
+        gemm(true, false, nk, Dv, bq, fdrop, used, ld_used, gob, Dv, 1.0f, gvh + ks * Dv, Dv);
+        // grad of the probabilities: drop_scale · grad_out · v^T, dropped entries 0
+        float* g = gs.data();
+        gemm(false, true, bq, nk, Dv, fdrop, gob, Dv, vh + ks * Dv, Dv, 0.0f, g, nk);
+        for (int64_t a = 0; a < bq; ++a) {  // softmax backward: p · (g - sum(g · p)), in place
+          float* ga = g + a * nk;
+          const float* pa = p + a * N;
+          if (kb) {
+            for (int64_t j = 0; j < nk; ++j) ga[j] = kb[a * N + j] ? ga[j] : 0.0f;
+          }
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j < nk; ++j) dot += ga[j] * pa[j];
+          for (int64_t j = 0; j < nk; ++j) ga[j] = pa[j] * (ga[j] - dot);
+          const int64_t i = i0 + a;
+          const auto [j0, j1] = L.window(i, ks, nk);
+          L.scatter_terms(ga, i, ks, j0, j1, gch ? gch + i * R : nullptr, gph ? gph + ks * R : nullptr,
+                          gph ? gfar_l.data() + ks : nullptr, gph ? gfar_r.data() + ks : nullptr);
+        }
+        // grad q = scale · gs · k; grad k += scale · gs^T · q
+        gemm(false, false, bq, D, nk, fscale, g, nk, kh + ks * D, D, 0.0f, gqh + i0 * D, D);
+        gemm(true, false, nk, D, bq, fscale, g, nk, qh + i0 * D, D, 1.0f, gkh + ks * D, D);
+      }
+      if (gph) {
+        for (int64_t j = 0; j < N; ++j) gph[j * R + L.row_left] += gfar_l[j], gph[j * R + L.row_right] += gfar_r[j];
+      }
+    }
+  });
+  return {gq, gk, gv, gc, gpt};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused disentangled attention at inference: float32, distance i - j");
+  m.def("train_forward", &train_forward, "training forward: output and probabilities");
+  m.def("train_backward", &train_backward, "training backward: gradients of q, k, v, c2p and p2c rows");
 }
