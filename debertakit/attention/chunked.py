@@ -774,7 +774,8 @@ class _CompiledToeplitz(torch.autograd.Function):
             ctx.scale, keep, drop_scale,
         )  # fmt: skip
         fctx.save_for_backward(q, k, v, probs, keep)
-        fctx.layout, fctx.drop_scale, fctx.ctx = layout, drop_scale, ctx
+        # scalars only: holding the context would keep the N×R row terms alive until the backward pass
+        fctx.layout, fctx.drop_scale, fctx.meta = layout, drop_scale, (max(ctx.sat, 1), ctx.scale, ctx.R)
         fctx.shapes = (
             None if c2p_rows is None else c2p_rows.shape,
             None if p2c_rows is None else p2c_rows.shape,
@@ -784,14 +785,14 @@ class _CompiledToeplitz(torch.autograd.Function):
     @staticmethod
     def backward(fctx, grad_out):
         q, k, v, probs, keep = fctx.saved_tensors
-        ctx: _Context = fctx.ctx
+        sat, scale, R = fctx.meta
         c_shape, p_shape = fctx.shapes
         want_c = c_shape is not None and fctx.needs_input_grad[5]
         want_p = p_shape is not None and fctx.needs_input_grad[6]
         index, start, end = fctx.layout
         gq, gk, gv, gc, gp = cpu_kernel.load().train_backward(
-            grad_out.float().contiguous(), q, k, v, probs, keep, fctx.drop_scale, index, start, end,
-            max(ctx.sat, 1), ctx.scale, ctx.R, want_c, want_p,
+            grad_out.float().contiguous(), q, k, v, probs, keep, fctx.drop_scale, index, start, end, sat,
+            scale, R, want_c, want_p,
         )  # fmt: skip
         gc = gc.sum_to_size(c_shape) if want_c else None
         gp = gp.sum_to_size(p_shape) if want_p else None

@@ -51,6 +51,15 @@ def build_name() -> str:
     return f"debertakit_cpu_{h.hexdigest()[:12]}"
 
 
+def _built(name: str) -> bool:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    try:
+        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    except Exception:  # a private helper: when it changes, just announce the build
+        return False
+
+
 def load(verbose: bool = False):
     """The compiled module, or None (disabled, or the build failed: the reason is logged once)."""
     if "module" in _STATE:
@@ -60,7 +69,8 @@ def load(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load as load_extension
 
-            log.info("building debertakit's CPU attention kernel (once per machine; cached)")
+            if not _built(build_name()):
+                log.warning("building debertakit's CPU attention kernel (once per machine, about 30 s)")
             module = load_extension(
                 name=build_name(),
                 sources=[str(SOURCE)],
