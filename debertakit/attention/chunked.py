@@ -29,6 +29,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import forward_ad
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from debertakit.attention import cpu_kernel
@@ -98,6 +100,8 @@ def chunked_attention(
         t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)
     )
     inference = not needs_grad and dropout_p == 0.0
+    if fused and far_field:
+        raise ValueError("fused=True and far_field=True ask for two different paths; pass at most one")
     # the far-field path overtakes the compiled kernel on very long inputs (benchmarks/attention_backends.py)
     far_first = far_field is True or (
         fused is None and far_field is None and Nq >= FUSED_MAX_KEYS and ctx.far_field_ok(None)
@@ -276,7 +280,8 @@ class _Context:
             end = torch.where(real, cu[seg + 1], i)
         if self.geom.causal:
             end = torch.minimum(end, i + 1)
-        return start.int(), torch.maximum(end, start).int()
+        end = end.clamp_(max=self.Nk)  # offsets past the row (unvalidated cu_seqlens) see only its keys
+        return start.clamp_(max=self.Nk).int(), torch.maximum(end, start).int()
 
     def _positions(self) -> tuple[Tensor, Tensor]:
         return self.geom.positions(self.Nq, self.Nk, self.q.device)
@@ -564,6 +569,7 @@ class _BlockAttention(torch.autograd.Function):
         return _tile_output(probs, keep, drop_scale, v)
 
     @staticmethod
+    @once_differentiable
     def backward(fctx, grad_out):
         q, k, v, probs, keep = fctx.saved_tensors
         gq, gk, gv, gs = _tile_grads(grad_out.float(), q, k, v, probs, keep, fctx.drop_scale, fctx.scale)
@@ -607,6 +613,7 @@ class _ToeplitzAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(fctx, grad_out):
         ctx: _Context = fctx.ctx
         grad_out = grad_out.float()
@@ -684,14 +691,26 @@ def _fused_reason(ctx: _Context, training: bool) -> str | None:
         return "it takes no dense attention mask"
     if g.q_segments is not None and not ctx.packed:
         return "it takes segments only as a packed batch (cu_seqlens)"
+    if not all(_plain(t) for t in (ctx.q, ctx.k, ctx.v, ctx.pos_q, ctx.pos_k)):
+        return "it takes plain tensors (no torch.func transforms, forward-mode tangents or tensor subclasses)"
     if training and not _store_probs(ctx):
         return (
             f"in training it keeps the probabilities: at most {STORE_KEYS} keys and {STORE_ELEMENTS} scores "
             f"(got {ctx.Nk} keys, {ctx.B * ctx.H * ctx.Nq * ctx.Nk} scores)"
         )
+    if not cpu_kernel.enabled():
+        return "it is disabled by DEBERTAKIT_CPU_KERNEL"
     if cpu_kernel.load() is None:
-        return f"it could not be built: {cpu_kernel.error() or 'disabled by DEBERTAKIT_CPU_KERNEL=0'}"
+        return f"it could not be built: {cpu_kernel.error()}"
     return None
+
+
+def _plain(t: Tensor | None) -> bool:
+    return t is None or (
+        type(t) is torch.Tensor
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+        and forward_ad.unpack_dual(t).tangent is None
+    )
 
 
 def _observed() -> bool:
@@ -783,6 +802,7 @@ class _CompiledToeplitz(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(fctx, grad_out):
         q, k, v, probs, keep = fctx.saved_tensors
         sat, scale, R = fctx.meta

@@ -1,6 +1,6 @@
 """The compiled CPU kernel behind `chunked`'s inference path (``csrc/disentangled_cpu.cpp``).
 
-Built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja; about a minute, once per
+Built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja; about 30 s, once per
 machine: the build is cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), compiled
 for the CPU it runs on. Where it cannot be built the reason is logged once and `chunked` keeps its pure PyTorch
 path; ``DEBERTAKIT_CPU_KERNEL=0`` turns the kernel off.
@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -25,17 +26,21 @@ _STATE: dict[str, object] = {}
 
 
 def enabled() -> bool:
-    return os.environ.get("DEBERTAKIT_CPU_KERNEL", "1") != "0"
+    """False when ``DEBERTAKIT_CPU_KERNEL`` is 0, false, off or no (read at every call)."""
+    return os.environ.get("DEBERTAKIT_CPU_KERNEL", "1").strip().lower() not in {"0", "false", "off", "no"}
 
 
 def _cpu_flags() -> str:
-    try:
+    features = [platform.machine(), platform.processor()]
+    try:  # x86 lists "flags", ARM "Features"
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+            if line.startswith(("flags", "Features", "CPU part", "model name")):
+                features.append(line)
+                if len(features) > 6:
+                    break
     except OSError:
         pass
-    return platform.processor()
+    return "\n".join(features)
 
 
 def build_name() -> str:
@@ -62,27 +67,41 @@ def _built(name: str) -> bool:
 
 def load(verbose: bool = False):
     """The compiled module, or None (disabled, or the build failed: the reason is logged once)."""
-    if "module" in _STATE:
-        return _STATE["module"]
-    module = None
-    if enabled():
-        try:
-            from torch.utils.cpp_extension import load as load_extension
+    if not enabled():
+        return None
+    if "module" not in _STATE:
+        _STATE["module"] = _build(verbose)
+    return _STATE["module"]
 
-            if not _built(build_name()):
-                log.warning("building debertakit's CPU attention kernel (once per machine, about 30 s)")
-            module = load_extension(
-                name=build_name(),
-                sources=[str(SOURCE)],
-                extra_cflags=CFLAGS,
-                extra_ldflags=["-fopenmp"],
-                verbose=verbose,
-            )
-        except Exception as err:  # no compiler, no ninja, a failed build: keep the pure PyTorch path
-            log.warning("debertakit's CPU attention kernel is unavailable (%s); using pure PyTorch", err)
-            _STATE["error"] = str(err)
-    _STATE["module"] = module
-    return module
+
+def _build(verbose: bool):
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        from torch.utils.cpp_extension import load as load_extension
+
+        name = build_name()
+        _clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
+        if not _built(name):
+            log.warning("building debertakit's CPU attention kernel (once per machine, about 30 s)")
+        return load_extension(
+            name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose
+        )
+    except Exception as err:  # no compiler, no ninja, a failed build: keep the pure PyTorch path
+        log.warning("debertakit's CPU attention kernel is unavailable (%s); using pure PyTorch", err)
+        _STATE["error"] = str(err)
+        return None
+
+
+def _clear_stale_lock(build_dir: Path, max_age_s: float = 600.0) -> None:
+    """A build killed midway leaves torch's lock file behind, and the next build would wait on it forever; a
+    build takes well under ``max_age_s``, so an older lock is stale."""
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > max_age_s:
+            log.warning("removing a stale build lock %s (older than %.0f s)", lock, max_age_s)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def error() -> str | None:

@@ -255,7 +255,7 @@ def test_compiled_cpu_kernel_can_be_turned_off(monkeypatch):
     monkeypatch.setattr(cpu_kernel, "_STATE", {})
     case = GRID["n7-v3-padding"]
     inputs = make(case, grad=False)
-    with torch.no_grad(), pytest.raises(ValueError, match="DEBERTAKIT_CPU_KERNEL=0"):
+    with torch.no_grad(), pytest.raises(ValueError, match="DEBERTAKIT_CPU_KERNEL"):
         run(chunked_attention, inputs, case.terms, fused=True)
     with torch.no_grad():
         got = run(chunked_attention, inputs, case.terms)  # falls back to pure PyTorch
@@ -471,3 +471,56 @@ def test_packed_equals_each_sequence_alone(backend):
     for what, a, b in zip(NAMES, g_packed, g_alone):
         err = (a - b).abs().max().item()
         assert err <= grad_tol(b), f"{backend}: gradient of {what} differs by {err:.3g} packed vs alone"
+
+
+def test_compiled_kernel_edge_inputs():
+    """Offsets past the row, torch.func.vmap, forward-mode AD, double backward, contradictory options."""
+    from torch.autograd import forward_ad
+
+    from debertakit.attention import cpu_kernel
+
+    # cu_seqlens running past the row (not validated at this level): the windows stop at the row's end
+    geom, _ = packed_geometry(torch.tensor([0, 5, 12]), 10)
+    q, k, v, pos_q, pos_k, rel, _ = make(Case(10, "v3-tiny", batch=1), grad=False)
+    inputs = (q, k, v, pos_q, pos_k, rel, geom)
+    with torch.no_grad():
+        got = run(chunked_attention, inputs, "c2p+p2c", fused=True)
+        assert (got - run(eager_attention, inputs, "c2p+p2c")).abs().max().item() <= 1e-5
+    # the kernel itself refuses windows outside the row instead of reading past it
+    mod, none = cpu_kernel.load(), torch.empty(0)
+    start, end = torch.zeros(10, dtype=torch.int), torch.full((10,), 12, dtype=torch.int)
+    with pytest.raises(RuntimeError, match="key window"):
+        mod.forward(q, k, v, none, none, none, none.int(), none.bool(), start, end, 1, 0.1)
+
+    # torch.func.vmap and forward-mode tangents keep to PyTorch operations
+    case = GRID["n7-v3-padding"]
+    q, k, v, pos_q, pos_k, rel, geom = make(case, grad=False)
+    terms = TERMS[case.terms]
+
+    def attend(qq, **kw):
+        return chunked_attention(qq, k, v, pos_q, pos_k, rel, geom, scale=0.2, terms=terms, **kw)[0]
+
+    with torch.no_grad():
+        mapped = torch.func.vmap(attend)(q[None].expand(3, -1, -1, -1, -1))
+        assert (mapped[1] - attend(q, fused=False)).abs().max().item() <= 1e-6
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError):  # no jvp: an error, not a lost tangent
+        attend(forward_ad.make_dual(q, torch.ones_like(q)))
+
+    # a second derivative is refused rather than silently missing the attention's part
+    inputs = make(case)
+    out = run(chunked_attention, inputs, case.terms)
+    (g,) = torch.autograd.grad(out.square().sum(), inputs[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        g.sum().backward()
+    with pytest.raises(ValueError, match="two different paths"):
+        run(chunked_attention, make(case, grad=False), case.terms, fused=True, far_field=True)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False"])
+def test_compiled_kernel_switch_values(monkeypatch, value):
+    from debertakit.attention import cpu_kernel
+
+    monkeypatch.setenv("DEBERTAKIT_CPU_KERNEL", value)
+    assert not cpu_kernel.enabled() and cpu_kernel.load() is None
+    monkeypatch.setenv("DEBERTAKIT_CPU_KERNEL", "1")
+    assert cpu_kernel.enabled() and cpu_kernel.load() is not None

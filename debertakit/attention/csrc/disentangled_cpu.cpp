@@ -9,7 +9,7 @@
 // projections Kr, Qr and the p2p values arrive already multiplied by the scale. The pure PyTorch path writes
 // C and P, gathers them into two B·H·N·N tensors, adds them and hands the sum to the fused attention kernel
 // as a mask: five trips through memory for every score. Here, per (batch, head): P once (N×R), then per block
-// of 64 query rows: the block's scores (one GEMM), its C rows (one GEMM), the two lookups added in place, the
+// of 128 query rows: the block's scores (one GEMM), its C rows (one GEMM), the two lookups added in place, the
 // masked softmax, and the output rows (one GEMM). Hidden pairs get probability exactly 0; a row with no
 // visible key gets zeros (the contract of every backend).
 
@@ -124,10 +124,18 @@ struct Layout {
     }
     start = key_start.data_ptr<int32_t>();
     end = key_end.data_ptr<int32_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      TORCH_CHECK(0 <= start[i] && start[i] <= end[i] && end[i] <= N, "key window of query ", i, " is [",
+                  start[i], ", ", end[i], "), expected 0 <= start <= end <= N = ", N);
+    }
     if (idx.numel() > 0) {
       TORCH_CHECK(idx.scalar_type() == at::kInt && idx.is_contiguous() && idx.numel() == 2 * N - 1,
                   "index must be contiguous int32 with 2N - 1 = ", 2 * N - 1, " entries, got ", idx.numel());
       index = idx.data_ptr<int32_t>();
+      for (int64_t d = 0; d < 2 * N - 1; ++d) {
+        TORCH_CHECK(0 <= index[d] && index[d] < R, "table row ", index[d], " of distance ", d - (N - 1),
+                    " is outside the ", R, " projected rows");
+      }
       row_left = index[std::min(N - 1 + sat, 2 * N - 2)];
       row_right = index[std::max<int64_t>(N - 1 - sat, 0)];
     }
