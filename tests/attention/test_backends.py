@@ -524,3 +524,20 @@ def test_compiled_kernel_switch_values(monkeypatch, value):
     assert not cpu_kernel.enabled() and cpu_kernel.load() is None
     monkeypatch.setenv("DEBERTAKIT_CPU_KERNEL", "1")
     assert cpu_kernel.enabled() and cpu_kernel.load() is not None
+
+
+@pytest.mark.parametrize("threads", [1, 4], ids=["task-per-head", "task-per-block"])
+def test_compiled_kernel_splits_heads_into_blocks_when_threads_outnumber_them(threads):
+    """With fewer heads than threads the inference kernel computes every head's p2c rows first, then runs a
+    task per block of query rows; both schedules against eager."""
+    case = Case(300, "v3-tiny", terms="c2p+p2c+p2p", geometry="padding", batch=1, heads=1)
+    inputs = make(case, grad=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            got = run(chunked_attention, inputs, case.terms, fused=True)
+    finally:
+        torch.set_num_threads(before)
+    with torch.no_grad():
+        assert (got - run(eager_attention, inputs, case.terms)).abs().max().item() <= 1e-5

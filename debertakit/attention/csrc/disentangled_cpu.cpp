@@ -274,45 +274,74 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
 
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> P(p2c ? N * R : 0), C(R > 0 ? kBlock * R : 0), S(kBlock * N);
-    std::vector<float> far_l(p2c ? N : 0), far_r(p2c ? N : 0);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *qh = qp + bh * N * D, *kh = kp + bh * N * D, *vh = vp + bh * N * Dv;
-      float* oh = op + bh * N * Dv;
-      if (p2c) {
-        gemm(false, true, N, R, D, 1.0f, kh, D, pqp + h * R * D, D, 0.0f, P.data(), R);  // P = k·Qr^T
-        far_columns(L, P.data(), far_l.data(), far_r.data());
+  // one block of query rows of head bh, given that head's p2c rows P (N×R) and their saturated columns
+  auto block = [&](int64_t bh, int64_t i0, const float* P, const float* far_l, const float* far_r, float* C,
+                   float* s) {
+    const int64_t b = bh / H, h = bh % H, bq = std::min(kBlock, N - i0);
+    const float *qh = qp + bh * N * D, *kh = kp + bh * N * D, *vh = vp + bh * N * Dv;
+    float* oh = op + bh * N * Dv;
+    const auto [ks, ke] = L.block_keys(i0, bq);
+    if (ke <= ks) {
+      std::fill(oh + i0 * Dv, oh + (i0 + bq) * Dv, 0.0f);
+      return;
+    }
+    const int64_t nk = ke - ks;
+    gemm(false, true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s, nk);  // scale·q·k^T
+    if (c2p) gemm(false, true, bq, R, D, 1.0f, qh + i0 * D, D, pkp + h * R * D, D, 0.0f, C, R);
+    for (int64_t a = 0; pp && a < bq; ++a) {
+      const float* pr = ppp + h * R;
+      for (int64_t r = 0; r < R; ++r) C[a * R + r] = (c2p ? C[a * R + r] : 0.0f) + pr[r];
+    }
+    for (int64_t a = 0; a < bq; ++a) {
+      const int64_t i = i0 + a;
+      float* row = s + a * nk;
+      const auto [j0, j1] = L.window(i, ks, nk);
+      L.add_terms(row, i, ks, j0, j1, (c2p || pp) ? C + a * R : nullptr, P ? P + ks * R : nullptr,
+                  P ? far_l + ks : nullptr, P ? far_r + ks : nullptr);
+      std::fill(row, row + j0, 0.0f);
+      softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
+      std::fill(row + j1, row + nk, 0.0f);
+    }
+    gemm(false, false, bq, Dv, nk, 1.0f, s, nk, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);  // probs·v
+  };
+  // P = k·Qr^T of head bh and its saturated columns
+  auto p2c_rows = [&](int64_t bh, float* P, float* far_l, float* far_r) {
+    gemm(false, true, N, R, D, 1.0f, kp + bh * N * D, D, pqp + (bh % H) * R * D, D, 0.0f, P, R);
+    far_columns(L, P, far_l, far_r);
+  };
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+
+  if (B * H >= at::get_num_threads() || blocks == 1) {  // a task per head: its P stays in the thread's cache
+    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> P(p2c ? N * R : 0), C(R > 0 ? kBlock * R : 0), S(kBlock * N);
+      std::vector<float> far_l(p2c ? N : 0), far_r(p2c ? N : 0);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        if (p2c) p2c_rows(bh, P.data(), far_l.data(), far_r.data());
+        for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
+          block(bh, i0, p2c ? P.data() : nullptr, far_l.data(), far_r.data(), C.data(), S.data());
+        }
       }
-      for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
-        const int64_t bq = std::min(kBlock, N - i0);
-        const auto [ks, ke] = L.block_keys(i0, bq);
-        if (ke <= ks) {
-          std::fill(oh + i0 * Dv, oh + (i0 + bq) * Dv, 0.0f);
-          continue;
-        }
-        const int64_t nk = ke - ks;
-        float* s = S.data();
-        gemm(false, true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s, nk);  // scale·q·k^T
-        if (c2p) gemm(false, true, bq, R, D, 1.0f, qh + i0 * D, D, pkp + h * R * D, D, 0.0f, C.data(), R);
-        for (int64_t a = 0; pp && a < bq; ++a) {
-          float* c = C.data() + a * R;
-          const float* pr = ppp + h * R;
-          for (int64_t r = 0; r < R; ++r) c[r] = (c2p ? c[r] : 0.0f) + pr[r];
-        }
-        for (int64_t a = 0; a < bq; ++a) {
-          const int64_t i = i0 + a;
-          float* row = s + a * nk;
-          const auto [j0, j1] = L.window(i, ks, nk);
-          L.add_terms(row, i, ks, j0, j1, (c2p || pp) ? C.data() + a * R : nullptr,
-                      p2c ? P.data() + ks * R : nullptr, p2c ? far_l.data() + ks : nullptr,
-                      p2c ? far_r.data() + ks : nullptr);
-          std::fill(row, row + j0, 0.0f);
-          softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
-          std::fill(row + j1, row + nk, 0.0f);
-        }
-        gemm(false, false, bq, Dv, nk, 1.0f, s, nk, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);  // probs·v
+    });
+    return out;
+  }
+  // fewer heads than threads (batch 1 on a many-core machine): P of every head first, then a task per block
+  std::vector<float> P(p2c ? B * H * N * R : 0), far_l(p2c ? B * H * N : 0), far_r(p2c ? B * H * N : 0);
+  if (p2c) {
+    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        p2c_rows(bh, P.data() + bh * N * R, far_l.data() + bh * N, far_r.data() + bh * N);
+      }
+    });
+  }
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> C(R > 0 ? kBlock * R : 0), S(kBlock * N);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t bh = t / blocks;
+      const int64_t i0 = (t % blocks) * kBlock;
+      if (p2c) {
+        block(bh, i0, P.data() + bh * N * R, far_l.data() + bh * N, far_r.data() + bh * N, C.data(), S.data());
+      } else {
+        block(bh, i0, nullptr, nullptr, nullptr, C.data(), S.data());
       }
     }
   });
