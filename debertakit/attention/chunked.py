@@ -18,6 +18,11 @@ Each query block calls ``scaled_dot_product_attention`` with the block's (scaled
 additive float mask, so scores are float32, hidden pairs get the float32 minimum and autograd runs through the
 blocks (each block is recomputed in the backward pass for long inputs). Explicit positions that are not
 ``i - j`` (the Enhanced Mask Decoder's subset of query rows) gather with a (B, block, Nk) index.
+
+On the CPU, distance-``i - j`` calls run the compiled kernel of `debertakit.attention.cpu_kernel` instead
+(inference below ``FUSED_MAX_KEYS`` tokens, training while the probabilities can be kept): the same math per
+(batch, head) in cache-sized blocks, with no B·H·N·N tensor but the kept probabilities. The pure PyTorch paths
+serve everything else, and everything where the kernel cannot be built or a graph is being captured.
 """
 
 from __future__ import annotations
