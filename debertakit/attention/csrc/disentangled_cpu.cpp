@@ -1,5 +1,6 @@
-// Disentangled attention at inference on the CPU, fused: one pass per (batch, head) that keeps every
-// intermediate in the core's cache.
+// Disentangled attention on the CPU, fused: inference (`forward`) and training (`train_forward`, which keeps
+// the probabilities, and `train_backward`), one pass per (batch, head) that keeps every intermediate in the
+// core's cache.
 //
 // For distance i - j (REFERENCE.md §1-2) the scores of query i against key j are
 //
@@ -11,7 +12,9 @@
 // as a mask: five trips through memory for every score. Here, per (batch, head): P once (N×R), then per block
 // of 128 query rows: the block's scores (one GEMM), its C rows (one GEMM), the two lookups added in place, the
 // masked softmax, and the output rows (one GEMM). Hidden pairs get probability exactly 0; a row with no
-// visible key gets zeros (the contract of every backend).
+// visible key gets zeros (the contract of every backend). The backward is the same walk: GEMMs for the
+// gradients of v, the probabilities, q and k, and the bias gradient scattered back into the N×R row terms
+// (the transpose of the lookups; saturated pairs summed into their one row per side).
 
 #include <torch/extension.h>
 
