@@ -75,7 +75,13 @@ def inference_cache_ok(module: nn.Module) -> bool:
 
 def tensor_state(t: Tensor | None) -> tuple:
     """What identifies a parameter's current values: storage, in-place version, dtype and device."""
-    return () if t is None else (t.data_ptr(), t._version, t.dtype, t.device)
+    return () if t is None else (t.data_ptr(), version(t), t.dtype, t.device)
+
+
+def version(t: Tensor) -> int | None:
+    """The in-place version counter; None for tensors made under `torch.inference_mode`, which keep none (and
+    cannot be changed in place outside it)."""
+    return None if t.is_inference() else t._version
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
@@ -131,7 +137,7 @@ class DisentangledSelfAttention(nn.Module):
         key = None
         if inference_cache_ok(self):
             params = [p for proj in (q_proj, k_proj) if proj is not None for p in (proj.weight, proj.bias)]
-            key = (id(rel_table), rel_table._version, rel_index.offset, *map(tensor_state, params))
+            key = (id(rel_table), version(rel_table), rel_index.offset, *map(tensor_state, params))
             if self._pos_cache is not None and self._pos_cache[0] == key:
                 return self._pos_cache[2]
         rel_table = self._table_dropout(rel_table, rel_index)

@@ -473,7 +473,9 @@ def test_packed_equals_each_sequence_alone(backend):
         assert err <= grad_tol(b), f"{backend}: gradient of {what} differs by {err:.3g} packed vs alone"
 
 
-@pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap's fallback for the fused attention op
+@pytest.mark.filterwarnings(
+    "ignore:There is a performance drop"
+)  # vmap's fallback for the fused attention op
 def test_compiled_kernel_edge_inputs():
     """Offsets past the row, torch.func.vmap, forward-mode AD, double backward, contradictory options."""
     from torch.autograd import forward_ad

@@ -73,3 +73,24 @@ def test_training_mode_does_not_use_the_cache():
         _hidden(model, ids)
     assert model.deberta.encoder._table_cache is None
     assert all(layer.attention._pos_cache is None for layer in model.deberta.encoder.layers)
+
+
+def test_inference_mode_runs_and_shares_the_cache_with_no_grad():
+    """Tensors made under torch.inference_mode keep no version counter: the cache keys must still work, and
+    results equal no_grad's whichever mode filled the cache."""
+    model = _model("tiny-v3")
+    ids = torch.randint(4, 100, (2, 300))  # long enough for the compiled CPU kernel's blocks
+    with torch.inference_mode():
+        first = _hidden(model, ids)
+        second = _hidden(model, ids)
+    with torch.no_grad():
+        third = _hidden(model, ids)
+    for module in model.modules():  # forget everything cached
+        for name in ("_table_cache", "_pos_cache"):
+            if hasattr(module, name):
+                setattr(module, name, None)
+    with torch.no_grad():
+        fresh = _hidden(model, ids)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, fresh, rtol=0, atol=1e-6)
+    torch.testing.assert_close(third, fresh, rtol=0, atol=1e-6)
