@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +42,7 @@ from debertakit.attention import cpu_kernel
 from debertakit.attention.dropout import keep_mask
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
+from debertakit.attention.precision import own_precision
 from debertakit.attention.registry import Backend, Request, register
 from debertakit.attention.relative import RelativeIndex
 
@@ -72,25 +72,7 @@ FAR_FIELD_MIN_RATIO = 3.0
 _MIN = torch.finfo(torch.float32).min
 
 
-def _own_precision(fn):
-    """Run ``fn`` with autocast off: the backend chooses its own precision (float32 scores, N×R products and
-    accumulation; the output in the input's dtype), as the fused kernels do inside."""
-
-    @functools.wraps(fn)
-    def wrapped(q: Tensor, *args, **kwargs):
-        try:
-            on = torch.is_autocast_enabled(q.device.type)
-        except (TypeError, RuntimeError):  # a device type autocast does not know
-            on = False
-        if not on:
-            return fn(q, *args, **kwargs)
-        with torch.autocast(q.device.type, enabled=False):
-            return fn(q, *args, **kwargs)
-
-    return wrapped
-
-
-@_own_precision
+@own_precision
 def chunked_attention(
     q: Tensor,
     k: Tensor,

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
+from debertakit.attention.precision import own_precision
 from debertakit.attention.registry import Backend, Request, register
 from debertakit.attention.relative import RelativeIndex
 
@@ -50,6 +51,7 @@ def _flex_fn(device_type: str):
     return _COMPILED[device_type]
 
 
+@own_precision
 def flex_disentangled_attention(
     q: Tensor,
     k: Tensor,
