@@ -54,23 +54,15 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_predict_command_matches_the_run_predictions(sst2_model, shared_data_dir, tmp_path, capsys):
+def _predict(model: Path, data: Path, out: Path) -> None:
     from debertakit.cli import main
 
+    main(["predict", "--model", str(model), "--input", str(data), "--out", str(out), "--progress", "false"])
+
+
+def test_predict_command_matches_the_run_predictions(sst2_model, shared_data_dir, tmp_path, capsys):
     dev = shared_data_dir / "glue/SST-2/dev.tsv"
-    main(
-        [
-            "predict",
-            "--model",
-            str(sst2_model),
-            "--input",
-            str(dev),
-            "--out",
-            str(tmp_path / "p.jsonl"),
-            "--progress",
-            "false",
-        ]
-    )
+    _predict(sst2_model, dev, tmp_path / "p.jsonl")
     assert "872 predictions (sst2)" in capsys.readouterr().out
     preds = _lines(tmp_path / "p.jsonl")
     assert len(preds) == 872
@@ -80,24 +72,12 @@ def test_predict_command_matches_the_run_predictions(sst2_model, shared_data_dir
         for k, v in b["probabilities"].items():
             assert a["probabilities"][k] == pytest.approx(v, abs=1e-5)
     # CSV by extension, nested values as JSON
-    main(
-        [
-            "predict",
-            "--model",
-            str(sst2_model),
-            "--input",
-            str(dev),
-            "--out",
-            str(tmp_path / "p.csv"),
-            "--progress",
-            "false",
-        ]
-    )
+    _predict(sst2_model, dev, tmp_path / "p.csv")
     rows = list(csv.DictReader((tmp_path / "p.csv").open()))
     assert len(rows) == 872 and rows[0]["label"] == preds[0]["label"]
     assert json.loads(rows[0]["probabilities"]) == pytest.approx(preds[0]["probabilities"], abs=1e-9)
     with pytest.raises(ValueError, match="'.txt'"):
-        main(["predict", "--model", str(sst2_model), "--input", str(dev), "--out", str(tmp_path / "p.txt")])
+        _predict(sst2_model, dev, tmp_path / "p.txt")
 
 
 def test_classify_pipeline(sst2_model, shared_data_dir):

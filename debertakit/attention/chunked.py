@@ -603,7 +603,7 @@ class _ToeplitzAttention(torch.autograd.Function):
     @staticmethod
     def forward(fctx, ctx: _Context, tiles: list, p: float, q, k, v, c2p_rows, p2c_rows):
         store = ctx.Nk <= STORE_KEYS and ctx.B * ctx.H * ctx.Nq * ctx.Nk <= STORE_ELEMENTS
-        seed = int(torch.randint(0, 2**62, (), device="cpu")) if p > 0.0 else 0
+        seed = _call_seed() if p > 0.0 else 0
         out = q.new_zeros(ctx.B, ctx.H, ctx.Nq, v.shape[-1])
         saved = []
         for t, tile in enumerate(tiles):
@@ -613,10 +613,7 @@ class _ToeplitzAttention(torch.autograd.Function):
                 out[b0:b1, :, i0:i1] = _tile_output(probs, keep, drop_scale, v[b0:b1, :, ks:ke])
             saved.append((probs, keep, drop_scale) if store else None)
         fctx.ctx, fctx.p, fctx.seed, fctx.tiles, fctx.saved = ctx, p, seed, tiles, saved
-        fctx.rows_shapes = (
-            None if c2p_rows is None else c2p_rows.shape,
-            None if p2c_rows is None else p2c_rows.shape,
-        )
+        fctx.rows_shapes = _rows_shapes(c2p_rows, p2c_rows)
         return out
 
     @staticmethod
@@ -662,6 +659,23 @@ class _ToeplitzAttention(torch.autograd.Function):
         return None, None, None, gq, gk, gv, g_c2p, g_p2c
 
 
+def _call_seed() -> int:
+    """One draw from the default generator per call; tile t then draws its dropout mask from seed + t, so a
+    recomputed tile (or the other path) redraws the same mask."""
+    return int(torch.randint(0, 2**62, (), device="cpu"))
+
+
+def _tile_generator(ctx: _Context, seed: int) -> torch.Generator:
+    generator = torch.Generator(device=ctx.q.device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _rows_shapes(c2p_rows: Tensor | None, p2c_rows: Tensor | None) -> tuple:
+    """Shapes of the row terms (None where absent): their gradients are summed back to them."""
+    return tuple(None if t is None else t.shape for t in (c2p_rows, p2c_rows))
+
+
 def _train_toeplitz(ctx: _Context, p: float, block_size: int | None) -> Tensor:
     inputs = (ctx.q, ctx.k, ctx.v, ctx.c2p_rows, ctx.p2c_rows)
     ctx.q, ctx.k, ctx.v = (t.detach() for t in inputs[:3])
@@ -676,8 +690,7 @@ def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
     sub = ctx.batch(b0, b1)
     generator = None
     if p > 0.0:
-        generator = torch.Generator(device=ctx.q.device)
-        generator.manual_seed(seed)
+        generator = _tile_generator(ctx, seed)
     kb, _ = sub.keys(ks, ke)
     return _tile_probs(
         sub.q[:, :, i0:i1], kb, sub.bias(i0, i1, ks, ke), sub.allowed(i0, i1, ks, ke), ctx.scale, p, generator
@@ -802,10 +815,7 @@ class _CompiledToeplitz(torch.autograd.Function):
         fctx.save_for_backward(q, k, v, probs, keep)
         # scalars only: holding the context would keep the N×R row terms alive until the backward pass
         fctx.layout, fctx.drop_scale, fctx.meta = layout, drop_scale, (max(ctx.sat, 1), ctx.scale, ctx.R)
-        fctx.shapes = (
-            None if c2p_rows is None else c2p_rows.shape,
-            None if p2c_rows is None else p2c_rows.shape,
-        )
+        fctx.shapes = _rows_shapes(c2p_rows, p2c_rows)
         return out
 
     @staticmethod
@@ -829,14 +839,13 @@ class _CompiledToeplitz(torch.autograd.Function):
 def _tile_masks(ctx: _Context, p: float) -> tuple[Tensor, float]:
     """The (B, H, N, N) dropout keep mask, drawn tile by tile exactly as `_ToeplitzAttention` draws it, so the
     compiled and the pure PyTorch paths (taken under torch.compile) drop the same probabilities."""
-    seed = int(torch.randint(0, 2**62, (), device="cpu"))
+    seed = _call_seed()
     keep = torch.zeros(ctx.B, ctx.H, ctx.Nq, ctx.Nk, dtype=torch.bool)
     scale = 1.0
     for t, (b0, b1, i0, i1, ks, ke) in enumerate(ctx.tiles(None, TRAIN_TILE_ELEMENTS)):
         if ke > ks:
-            generator = torch.Generator(device=ctx.q.device)
-            generator.manual_seed(seed + t)
-            tile, scale = keep_mask((b1 - b0, ctx.H, i1 - i0, ke - ks), p, ctx.q.device, generator)
+            shape = (b1 - b0, ctx.H, i1 - i0, ke - ks)
+            tile, scale = keep_mask(shape, p, ctx.q.device, _tile_generator(ctx, seed + t))
             keep[b0:b1, :, i0:i1, ks:ke] = tile
     return keep, scale
 

@@ -56,15 +56,6 @@ def build_name() -> str:
     return f"debertakit_cpu_{h.hexdigest()[:12]}"
 
 
-def _built(name: str) -> bool:
-    from torch.utils.cpp_extension import _get_build_directory
-
-    try:
-        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
-    except Exception:  # a private helper: when it changes, just announce the build
-        return False
-
-
 def load(verbose: bool = False):
     """The compiled module, or None (disabled, or the build failed: the reason is logged once)."""
     if not enabled():
@@ -80,8 +71,9 @@ def _build(verbose: bool):
         from torch.utils.cpp_extension import load as load_extension
 
         name = build_name()
-        _clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
-        if not _built(name):
+        build_dir = Path(_get_build_directory(name, verbose=False))
+        _clear_stale_lock(build_dir)
+        if not any(build_dir.glob(f"{name}*.so")):
             log.warning("building debertakit's CPU attention kernel (once per machine, about 30 s)")
         return load_extension(
             name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose

@@ -110,6 +110,14 @@ inline void far_terms(float* row, int64_t j0, int64_t j1, float c, const float* 
   }
 }
 
+// kept (bq × nk, compact) = probabilities where the dropout mask keeps them, else 0; p and keep have row
+// stride ld
+void kept_block(const float* p, const bool* keep, int64_t ld, int64_t bq, int64_t nk, float* kept) {
+  for (int64_t a = 0; a < bq; ++a) {
+    for (int64_t j = 0; j < nk; ++j) kept[a * nk + j] = keep[a * ld + j] ? p[a * ld + j] : 0.0f;
+  }
+}
+
 // Who sees whom and through which table row; shared by every pass.
 struct Layout {
   int64_t N = 0, R = 0, sat = 1;
@@ -183,6 +191,18 @@ struct Layout {
     if (p) {
       for (int64_t j = b0; j < b1; ++j) row[j] += p[j * R + ix[-j]];
     }
+  }
+
+  // query i's probabilities over the block's keys [ks, ks + nk) in place of its scores row[0, nk): the position
+  // terms added over its window, the masked softmax there (visible: the batch element's key mask from ks on,
+  // or null), zeros outside it
+  void probabilities(float* row, int64_t i, int64_t ks, int64_t nk, const float* c, const float* p,
+                     const float* far_l, const float* far_r, const bool* visible) const {
+    const auto [j0, j1] = window(i, ks, nk);
+    add_terms(row, i, ks, j0, j1, c, p, far_l, far_r);
+    std::fill(row, row + j0, 0.0f);
+    softmax_row(row + j0, j1 - j0, visible ? visible + j0 : nullptr);
+    std::fill(row + j1, row + nk, 0.0f);
   }
 
   // the transpose of add_terms: g[j] over the window [j0, j1) of query i into the c2p row gc (or null),
@@ -296,14 +316,8 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::
       for (int64_t r = 0; r < R; ++r) C[a * R + r] = (c2p ? C[a * R + r] : 0.0f) + pr[r];
     }
     for (int64_t a = 0; a < bq; ++a) {
-      const int64_t i = i0 + a;
-      float* row = s + a * nk;
-      const auto [j0, j1] = L.window(i, ks, nk);
-      L.add_terms(row, i, ks, j0, j1, (c2p || pp) ? C + a * R : nullptr, P ? P + ks * R : nullptr,
-                  P ? far_l + ks : nullptr, P ? far_r + ks : nullptr);
-      std::fill(row, row + j0, 0.0f);
-      softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
-      std::fill(row + j1, row + nk, 0.0f);
+      L.probabilities(s + a * nk, i0 + a, ks, nk, (c2p || pp) ? C + a * R : nullptr, P ? P + ks * R : nullptr,
+                      P ? far_l + ks : nullptr, P ? far_r + ks : nullptr, mp ? mp + b * N + ks : nullptr);
     }
     gemm(false, false, bq, Dv, nk, 1.0f, s, nk, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);  // probs·v
   };
@@ -404,23 +418,19 @@ std::vector<torch::Tensor> train_forward(torch::Tensor q, torch::Tensor k, torch
         }
         const int64_t nk = ke - ks;
         gemm(false, true, bq, nk, D, fscale, qh + i0 * D, D, kh + ks * D, D, 0.0f, s + ks, N);
-        for (int64_t a = 0; a < bq; ++a) {
+        for (int64_t a = 0; a < bq; ++a) {  // the full row of N is kept: zeros outside [ks, ke)
           const int64_t i = i0 + a;
-          float* row = s + a * N + ks;
-          const auto [j0, j1] = L.window(i, ks, nk);
-          L.add_terms(row, i, ks, j0, j1, ch ? ch + i * R : nullptr, ph ? ph + ks * R : nullptr,
-                      p2c ? far_l.data() + ks : nullptr, p2c ? far_r.data() + ks : nullptr);
-          std::fill(s + a * N, row + j0, 0.0f);
-          softmax_row(row + j0, j1 - j0, mp ? mp + b * N + ks + j0 : nullptr);
-          std::fill(row + j1, s + (a + 1) * N, 0.0f);
+          float* row = s + a * N;
+          L.probabilities(row + ks, i, ks, nk, ch ? ch + i * R : nullptr, ph ? ph + ks * R : nullptr,
+                          p2c ? far_l.data() + ks : nullptr, p2c ? far_r.data() + ks : nullptr,
+                          mp ? mp + b * N + ks : nullptr);
+          std::fill(row, row + ks, 0.0f);
+          std::fill(row + ke, row + N, 0.0f);
         }
         const float* lhs = s + ks;
         int64_t ld = N;
         if (keep_p) {  // dropped probabilities, for the output only
-          const bool* kb = keep_p + (bh * N + i0) * N + ks;
-          for (int64_t a = 0; a < bq; ++a) {
-            for (int64_t j = 0; j < nk; ++j) kept[a * nk + j] = kb[a * N + j] ? s[a * N + ks + j] : 0.0f;
-          }
+          kept_block(s + ks, keep_p + (bh * N + i0) * N + ks, N, bq, nk, kept.data());
           lhs = kept.data(), ld = nk;
         }
         gemm(false, false, bq, Dv, nk, fdrop, lhs, ld, vh + ks * Dv, Dv, 0.0f, oh + i0 * Dv, Dv);
@@ -488,9 +498,7 @@ std::vector<torch::Tensor> train_backward(torch::Tensor grad_out, torch::Tensor 
         int64_t ld_used = N;
         const bool* kb = keep_p ? keep_p + (bh * N + i0) * N + ks : nullptr;
         if (kb) {
-          for (int64_t a = 0; a < bq; ++a) {
-            for (int64_t j = 0; j < nk; ++j) kept[a * nk + j] = kb[a * N + j] ? p[a * N + j] : 0.0f;
-          }
+          kept_block(p, kb, N, bq, nk, kept.data());
           used = kept.data(), ld_used = nk;
         }
         const float* gob = goh + i0 * Dv;
