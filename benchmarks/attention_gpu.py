@@ -16,6 +16,9 @@ Sections (all bfloat16 on one CUDA device):
    against Hugging Face's ``DebertaV2Model``; peak memory.
    ``long``: batch 1 at N = 16384, 32768, 65536 (``triton`` and the sdpa ceiling): it must run, and its peak
    memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
+   ``tiles`` (not run by default): the ``triton`` row of ``attention`` again for each tile shape of ``--tiles``
+   (all three kernels; ``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), to tune `triton_backend.GPU_TILES` by
+   timing; candidates come from ``benchmarks/triton_static.py`` (those that compile without spills).
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -24,6 +27,7 @@ Usage::
 
     python benchmarks/attention_gpu.py                 # everything; table + benchmarks/results/attention_gpu.json
     python benchmarks/attention_gpu.py --sections attention --lengths 512 2048 8192
+    python benchmarks/attention_gpu.py --sections tiles --lengths 512 2048 8192 --out /tmp/tiles.json
     python benchmarks/attention_gpu.py --smoke --out /tmp/smoke.json
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
                                                        # runs end to end; its timings mean nothing
@@ -59,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--model-length", type=int, default=512)
+    p.add_argument(
+        "--tiles",
+        nargs="+",
+        default=["64x32w8s2", "64x32w8s3", "128x32w8s2", "64x64w8s2", "32x64w8s2", "32x32w8s2", "64x32w4s2"],
+        help="tile shapes of the `tiles` section, BLOCK_MxBLOCK_N w<warps> s<stages>",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
         "--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes, plumbing only"
@@ -201,6 +211,38 @@ def long_section(args, device: str, dtype) -> list[dict]:
         r["peak_per_token_vs_shortest"] = round(
             (r["fwd_bwd_peak_gib"] / r["n"]) / (base[0]["fwd_bwd_peak_gib"] / base[0]["n"]), 3
         )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- 1c. tile sweep
+def parse_tiles(spec: str):
+    """'64x32w8s2' -> Tiles(64, 32, 8, 2)."""
+    import re
+
+    from debertakit.attention.triton_aot import Tiles
+
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", spec)
+    if m is None:
+        raise SystemExit(
+            f"bad tile spec {spec!r}; expected BLOCK_MxBLOCK_N w<warps> s<stages>, e.g. 64x32w8s2"
+        )
+    return Tiles(*(int(x) for x in m.groups()))
+
+
+def tiles_section(args, device: str, dtype) -> list[dict]:
+    """The `triton` attention rows once per tile shape (the same shape for the three kernels)."""
+    from debertakit.attention import triton_backend
+
+    rows = []
+    for spec in args.tiles:
+        tiles = parse_tiles(spec)
+        triton_backend.TILE_OVERRIDES.update(dict.fromkeys(triton_backend.KERNEL_NAMES, tiles))
+        try:
+            for n in args.lengths:
+                for row in _attention_rows(args, n, device, dtype, only=("triton",)):
+                    rows.append({**row, "section": "tiles", "impl": f"triton {tiles}"})
+        finally:
+            triton_backend.TILE_OVERRIDES.clear()
     return rows
 
 
@@ -458,7 +500,7 @@ def environment(device: str) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    att = [r for r in rows if r["section"] in ("attention", "long")]
+    att = [r for r in rows if r["section"] in ("attention", "long", "tiles")]
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
         print(f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s}")
@@ -467,7 +509,7 @@ def print_table(rows: list[dict]) -> None:
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s}")  # fmt: skip
-    other = [r for r in rows if r["section"] not in ("attention", "long")]
+    other = [r for r in rows if r["section"] not in ("attention", "long", "tiles")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s")
         for r in other:
@@ -503,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = {
         "attention": attention_section,
         "long": long_section,
+        "tiles": tiles_section,
         "model": model_section,
         "packed": packed_section,
     }

@@ -175,17 +175,16 @@ class _Context:
         self.key_mask = geom.key_mask
         if self.key_mask is not None and self.key_mask.device.type == "cpu" and bool(self.key_mask.all()):
             self.key_mask = None
-        # distance == i - j: no explicit positions, or a packed row (positions restart with each sequence and
-        # cross-sequence pairs are hidden, so within a sequence pos_i - pos_j == i - j)
-        plain = geom.q_positions is None and geom.k_positions is None and self.Nq == self.Nk
+        # distance == i - j (Geometry.distance_is_i_minus_j), with as many queries as keys
+        toeplitz = geom.distance_is_i_minus_j() and self.Nq == self.Nk
         packed = (
-            geom.cu_seqlens is not None
+            toeplitz
+            and geom.cu_seqlens is not None
             and geom.q_positions is geom.k_positions
             and geom.q_segments is not None
             and geom.q_segments is geom.k_segments
-            and self.Nq == self.Nk
         )
-        self.toeplitz = plain or packed
+        self.toeplitz = toeplitz
         # `with_rows` computes them (the compiled CPU kernel does not need them)
         self.c2p_rows = self.p2c_rows = None
         self._index_cache: dict[tuple, Tensor] = {}

@@ -61,6 +61,20 @@ class Geometry:
             allowed = both(self.dense.bool())
         return allowed
 
+    def distance_is_i_minus_j(self) -> bool:
+        """Whether every visible pair is at distance ``i - j`` (row indices): default positions, or a packed row
+        (positions restart with each sequence and cross-sequence pairs are hidden, so within a sequence
+        ``pos_i - pos_j == i - j``). Fast backends then need no position loads and treat the relative terms
+        as Toeplitz."""
+        if self.q_positions is None and self.k_positions is None:
+            return True
+        return (
+            self.cu_seqlens is not None
+            and self.q_positions is self.k_positions
+            and self.q_segments is not None
+            and self.q_segments is self.k_segments
+        )
+
     def max_distance(self, n_q: int, n_k: int) -> int:
         """An upper bound of |i - j| over all pairs that may attend each other."""
         if self.max_seqlen is not None:

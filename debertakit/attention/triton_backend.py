@@ -30,6 +30,7 @@ from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, register
 from debertakit.attention.relative import RelativeIndex
+from debertakit.attention.triton_aot import Tiles
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -47,18 +48,44 @@ def _kernels():
     return triton_kernels
 
 
-def _blocks(device: torch.device, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Small tiles under the interpreter. On GPU: the largest tiles
-    that compile without register spills for sm_90 (checked offline with ptxas); not yet tuned by timing."""
+KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
+# Tiles per kernel on CUDA, by head dim (<= 64, 128): for each, the largest that compiles for sm_90 without
+# register spills in every feature set, preferring warpgroup tensor-core (HGMMA) code (`benchmarks/
+# triton_static.py`, table in benchmarks/results/triton_static.md). Not yet tuned by timing: `python
+# benchmarks/attention_gpu.py --sections tiles` times candidates on a GPU.
+GPU_TILES = {
+    64: {
+        "_fwd_kernel": Tiles(64, 32, 8, 2),
+        "_dq_kernel": Tiles(64, 32, 8, 2),
+        "_dkv_kernel": Tiles(32, 64, 8, 2),
+    },
+    128: {
+        "_fwd_kernel": Tiles(64, 32, 8, 2),
+        "_dq_kernel": Tiles(32, 64, 8, 2),
+        "_dkv_kernel": Tiles(32, 32, 8, 2),
+    },
+}
+# set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
+TILE_OVERRIDES: dict[str, Tiles] = {}
+
+
+def tiles_for(device: torch.device, head_dim: int, kernel: str) -> Tiles:
+    """Tiles of one kernel: the benchmark's override if set; small tiles under the interpreter (so short test
+    inputs cross tile edges and the saturation); on GPU the table above."""
+    if kernel in TILE_OVERRIDES:
+        return TILE_OVERRIDES[kernel]
     if device.type != "cuda":
-        return 16, 16, 1, 1
-    if head_dim <= 64:
-        return 64, 32, 8, 2
-    return 32, 32, 8, 2
+        return Tiles(16, 16, 1, 1)
+    return GPU_TILES[64 if head_dim <= 64 else 128][kernel]
 
 
-def _flags(q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool) -> dict:
+def _launch(t: Tiles) -> dict:
+    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
+
+
+def _flags(q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool, ij: bool) -> dict:
     return dict(
+        IJ=ij,
         HAS_ROW=row is not None,
         HAS_COL=col is not None,
         HAS_SEG=q_seg is not None,
@@ -122,6 +149,7 @@ def _fwd_op(
     p2c: bool,
     p2p: bool,
     causal: bool,
+    ij: bool,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32; +inf on rows with no visible key)."""
     with torch.autocast(q.device.type, enabled=False):
@@ -131,17 +159,16 @@ def _fwd_op(
         R = _table_rows(row, col)
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
-        bm, bn, warps, stages = _blocks(q.device, D)
+        t = tiles_for(q.device, D, "_fwd_kernel")
         dummy = _dummy(q.device)
-        grid = (triton_cdiv(NQ, bm), B * H)
+        grid = (triton_cdiv(NQ, t.block_m), B * H)
         _kernels()._fwd_kernel[grid](
             q, k, v,
             row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
             k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
             H, NQ, NK, R, sat, scale,
-            HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
-            **_flags(q, row, col, q_seg, k_mask, causal),
+            HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij),
         )  # fmt: skip
     return out, lse
 
@@ -177,6 +204,7 @@ def _bwd_op(
     p2c: bool,
     p2p: bool,
     causal: bool,
+    ij: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
     with torch.autocast(q.device.type, enabled=False):
@@ -198,9 +226,8 @@ def _bwd_op(
         dk_dist = (
             torch.zeros((B, H, NK, W), dtype=torch.float32, device=q.device) if col is not None else None
         )
-        bm, bn, warps, stages = _blocks(q.device, D)
-        flags = _flags(q, row, col, q_seg, k_mask, causal)
-        common = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
+        flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij))
+        t_dq, t_dkv = tiles_for(q.device, D, "_dq_kernel"), tiles_for(q.device, D, "_dkv_kernel")
         tables = (
             row if row is not None else dummy.float(),
             col if col is not None else dummy.float(),
@@ -212,15 +239,15 @@ def _bwd_op(
             k_mask if k_mask is not None else dummy,
         )
         kern = _kernels()
-        kern._dq_kernel[(triton_cdiv(NQ, bm), B * H)](
+        kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m), B * H)](
             q, k, v, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, dq_dist if dq_dist is not None else dummy.float(),
-            H, NQ, NK, R, sat, scale, **common,
+            H, NQ, NK, R, sat, scale, **flags, **_launch(t_dq),
         )  # fmt: skip
-        kern._dkv_kernel[(triton_cdiv(NK, bn), B * H)](
+        kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n), B * H)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, dk_dist if dk_dist is not None else dummy.float(),
-            H, NQ, NK, R, sat, scale, **common,
+            H, NQ, NK, R, sat, scale, **flags, **_launch(t_dkv),
         )  # fmt: skip
         del row, col, tables  # free the N×R tables before the N×R row gradients are built
         dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
@@ -265,7 +292,7 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 21
+_N_FWD_INPUTS = 22
 
 
 def _setup_context(ctx, inputs, output):
@@ -439,6 +466,7 @@ def triton_attention(
         p2c,
         p2p,
         bool(geom.causal),
+        geom.distance_is_i_minus_j(),
     )
     return out.to(v.dtype), None
 

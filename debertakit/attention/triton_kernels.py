@@ -14,6 +14,10 @@ Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is
 query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
 Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
 
+``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
+`Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
+indices alone; otherwise positions are loaded per block and the classification uses their min / max.
+
 Backward, without atomics and without N×N memory. Each pair's score gradient dS(i, j) must reach ROW[i, idx] and
 COL[j, idx]. Within one query row the visible keys have distinct positions (one sequence), so in *distance*
 space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
@@ -45,42 +49,37 @@ def _mm(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
-def _tile(
-    q,
-    k,
-    qpos,
-    qpos_min,
-    qpos_max,
-    row_l,
-    row_r,
-    qseg,
-    offs_m,
-    m_in,
-    offs_n,
-    n_in,
-    ROW,
-    COL,
-    LUT,
-    KPOS,
-    KSEG,
-    KMASK,
-    R,
-    SAT,
-    scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_ROW: tl.constexpr,
-    HAS_COL: tl.constexpr,
-    HAS_SEG: tl.constexpr,
-    HAS_KMASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Scores (BLOCK_M, BLOCK_N) fp32 of one tile, -inf where hidden; the visibility mask; the distances; whether
-    the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to the
-    program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit."""
-    kpos = tl.load(KPOS + offs_n, mask=n_in, other=0)
-    s = _mm(q, tl.trans(k), PREC) * scale
+def _positions(POS, offs, inside, IJ: tl.constexpr):
+    """Positions of a block of rows or columns; with ``IJ`` (distance i - j) the indices themselves."""
+    if IJ:
+        return offs
+    return tl.load(POS + offs, mask=inside, other=0)
+
+
+@triton.jit
+def _far(
+    start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IJ: tl.constexpr,
+):  # fmt: skip
+    """Whether every pair of the tile lies beyond the saturation on the left / on the right (two scalars)."""
+    if IJ:
+        # bounds from the block indices alone: rows / columns past the end only widen the range
+        far_right = start_m - (start_n + BLOCK_N - 1) >= SAT
+        far_left = (start_m + BLOCK_M - 1) - start_n <= -SAT
+    else:
+        kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
+        kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
+        far_right = qpos_min - kpos_max >= SAT
+        far_left = qpos_max - kpos_min <= -SAT
+    return far_left, far_right
+
+
+@triton.jit
+def _visible(
+    m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_M, BLOCK_N) bool: query i may attend key j."""
     allowed = m_in[:, None] & n_in[None, :]
     if HAS_KMASK:
         km = tl.load(KMASK + offs_n, mask=n_in, other=0)
@@ -90,60 +89,86 @@ def _tile(
         allowed = allowed & (qseg[:, None] == kseg[None, :])
     if CAUSAL:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    delta = qpos[:, None] - kpos[None, :]
-    kpos_min = tl.min(tl.where(n_in, kpos, _BIG), 0)
-    kpos_max = tl.max(tl.where(n_in, kpos, -_BIG), 0)
-    far_right = qpos_min - kpos_max >= SAT  # every pair of the tile saturated on the right
-    far_left = qpos_max - kpos_min <= -SAT  # ... on the left
+    return allowed
+
+
+@triton.jit
+def _tile(
+    q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
+    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+):  # fmt: skip
+    """Scores (BLOCK_M, BLOCK_N) float32 of one tile, -inf where hidden; the visibility mask; the key positions;
+    whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
+    the program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit."""
+    kpos = _positions(KPOS, offs_n, n_in, IJ)
+    allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, HAS_SEG, HAS_KMASK, CAUSAL)
+    far_left, far_right = _far(start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ)
+    s = _mm(q, tl.trans(k), PREC) * scale
     if HAS_ROW or HAS_COL:
-        pos = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if far_right:
             # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
-                pos += row_r[:, None]
+                s += row_r[:, None]
             if HAS_COL:
-                col_r = tl.load(COL + offs_n * R + tl.load(LUT + 2 * SAT), mask=n_in, other=0.0)
-                pos += col_r[None, :]
+                s += tl.load(COL + offs_n * R + tl.load(LUT + 2 * SAT), mask=n_in, other=0.0)[None, :]
         elif far_left:
             if HAS_ROW:
-                pos += row_l[:, None]
+                s += row_l[:, None]
             if HAS_COL:
-                col_l = tl.load(COL + offs_n * R + tl.load(LUT), mask=n_in, other=0.0)
-                pos += col_l[None, :]
+                s += tl.load(COL + offs_n * R + tl.load(LUT), mask=n_in, other=0.0)[None, :]
         else:
-            # the near band: gather through the lookup table
+            # the near band: gather through the lookup table (distances built here only, not kept live)
+            delta = qpos[:, None] - kpos[None, :]
             ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
             if HAS_ROW:
-                pos += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0)
+                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0)
             if HAS_COL:
-                pos += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0)
-        s = s + pos
+                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0)
     s = tl.where(allowed, s, float("-inf"))
-    return s, allowed, delta, far_left, far_right
+    return s, allowed, kpos, far_left, far_right
+
+
+@triton.jit
+def _table_grad(
+    DIST, own, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, AXIS: tl.constexpr
+):  # fmt: skip
+    """Distance-space gradient of one tile's table entries, for the rows (AXIS 1, ``own`` = the query indices)
+    or the columns (AXIS 0, the key indices) a program owns: saturated pairs summed into ``acc_l`` / ``acc_r``
+    (the two end cells), near pairs stored, one cell per (own index, distance): no cell is written twice."""
+    W = 2 * SAT + 1
+    if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
+        acc_r += tl.sum(ds, AXIS)
+    elif far_left:
+        acc_l += tl.sum(ds, AXIS)
+    else:
+        delta = qpos[:, None] - kpos[None, :]
+        left = delta <= -SAT
+        right = delta >= SAT
+        acc_l += tl.sum(tl.where(left, ds, 0.0), AXIS)
+        acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
+        near = allowed & (~left) & (~right)
+        if AXIS == 1:
+            cells = own[:, None] * W + delta + SAT
+        else:
+            cells = own[None, :] * W + delta + SAT
+        tl.store(DIST + cells, ds, mask=near)
+    return acc_l, acc_r
 
 
 @triton.jit
 def _query_block(
-    Q,
-    QPOS,
-    QSEG,
-    ROW,
-    LUT,
-    pid_m,
-    NQ,
-    R,
-    SAT,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    HAS_ROW: tl.constexpr,
-    HAS_SEG: tl.constexpr,
-):
+    Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr,
+    IJ: tl.constexpr,
+):  # fmt: skip
     """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     m_in = offs_m < NQ
     q = tl.load(Q + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
-    qpos = tl.load(QPOS + offs_m, mask=m_in, other=0)
+    qpos = _positions(QPOS, offs_m, m_in, IJ)
     qpos_min = tl.min(tl.where(m_in, qpos, _BIG), 0)
     qpos_max = tl.max(tl.where(m_in, qpos, -_BIG), 0)
     if HAS_SEG:
@@ -191,6 +216,7 @@ def _fwd_kernel(
     HAS_KMASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
+    IJ: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -214,7 +240,7 @@ def _fwd_kernel(
     KMASK += b * NK
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
@@ -230,10 +256,10 @@ def _fwd_kernel(
         kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
             ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -288,6 +314,7 @@ def _dq_kernel(
     HAS_KMASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
+    IJ: tl.constexpr,
 ):
     """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
     pid_m = tl.program_id(0)
@@ -315,7 +342,7 @@ def _dq_kernel(
     KMASK += b * NK
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
     )
     q_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
@@ -334,27 +361,19 @@ def _dq_kernel(
         kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
             ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
         ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
-            if far_right:  # one table row for the whole tile: a plain sum (zero on hidden pairs)
-                far_r += tl.sum(ds, 1)
-            elif far_left:
-                far_l += tl.sum(ds, 1)
-            else:
-                left = delta <= -SAT
-                right = delta >= SAT
-                far_l += tl.sum(tl.where(left, ds, 0.0), 1)
-                far_r += tl.sum(tl.where(right, ds, 0.0), 1)
-                near = allowed & (~left) & (~right)  # one cell per (row, distance): a plain store
-                tl.store(DQ_DIST + (offs_m[:, None] * W + delta + SAT), ds, mask=near)
+            far_l, far_r = _table_grad(
+                DQ_DIST, offs_m, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1
+            )
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
         tl.store(DQ_DIST + offs_m * W, far_l, mask=m_in)
@@ -397,6 +416,7 @@ def _dkv_kernel(
     HAS_KMASK: tl.constexpr,
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
+    IJ: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n = tl.program_id(0)
@@ -440,15 +460,15 @@ def _dkv_kernel(
     far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG
+            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
         )
         do = tl.load(DO + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
-        s, allowed, delta, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, row_l, row_r, qseg, offs_m, m_in, offs_n, n_in,
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, pid_n * BLOCK_N,
             ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])
         dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
@@ -456,17 +476,9 @@ def _dkv_kernel(
         ds = p * (dp - dlt[:, None])
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
-            if far_right:
-                far_r += tl.sum(ds, 0)
-            elif far_left:
-                far_l += tl.sum(ds, 0)
-            else:
-                left = delta <= -SAT
-                right = delta >= SAT
-                far_l += tl.sum(tl.where(left, ds, 0.0), 0)
-                far_r += tl.sum(tl.where(right, ds, 0.0), 0)
-                near = allowed & (~left) & (~right)
-                tl.store(DK_DIST + (offs_n[None, :] * W + delta + SAT), ds, mask=near)
+            far_l, far_r = _table_grad(
+                DK_DIST, offs_n, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0
+            )
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv, mask=n_in[:, None])
     if HAS_COL:

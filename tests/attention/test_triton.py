@@ -192,6 +192,32 @@ def test_saturated_pairs_reach_the_end_rows_of_the_table():
         torch.testing.assert_close(got[:, far_rows], want[:, far_rows], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_loaded_positions_path_matches_index_path(packed):
+    """Distance i - j geometries skip the position loads (IJ); the same positions given explicitly take the
+    general path (positions loaded, far tiles found from them): both must give the same result."""
+    c = Case(n=70, cu_seqlens=(0, 5, 38, 40, 66) if packed else None, causal=True)
+    geom = _geometry(c, DEVICE)
+    assert geom.distance_is_i_minus_j()
+    qp, kp = geom.positions(c.n, c.n, DEVICE)
+    general = Geometry(
+        key_mask=geom.key_mask,
+        q_segments=geom.q_segments,
+        k_segments=None if geom.k_segments is None else geom.k_segments.clone(),
+        q_positions=qp.clone(),
+        k_positions=kp.clone(),
+        causal=True,
+        cu_seqlens=geom.cu_seqlens,
+        max_seqlen=geom.max_seqlen,
+    )
+    assert not general.distance_is_i_minus_j()
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, grads = _run(triton_attention, c, inputs, geom)
+    ref, ref_grads = _run(triton_attention, c, inputs, general)
+    for a, b in zip((out, *grads), (ref, *ref_grads)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
 def test_repeated_explicit_positions_are_refused():
     c = Case(n=8)
     geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
@@ -381,6 +407,36 @@ def test_gpu_benchmark_refuses_to_run_without_cuda(tmp_path, capsys):
     assert _benchmark_module().main(["--out", str(out)]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
+    """The `tiles` section times the triton backend once per tile shape, with that shape in force."""
+    import json
+
+    from debertakit.attention import triton_backend
+
+    out = tmp_path / "tiles.json"
+    args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x16w4s1", "16x32w4s1"]
+    bench = _benchmark_module()
+    seen = []
+    real = triton_backend.tiles_for
+
+    def spy(device, head_dim, kernel):
+        seen.append(real(device, head_dim, kernel))
+        return seen[-1]
+
+    triton_backend.tiles_for = spy
+    try:
+        assert bench.main([*args, "--out", str(out)]) == 0
+    finally:
+        triton_backend.tiles_for = real
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["triton 32x16 w4 s1", "triton 16x32 w4 s1"]
+    assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows)
+    assert {(t.block_m, t.block_n) for t in seen} == {(32, 16), (16, 32)}
+    assert not triton_backend.TILE_OVERRIDES  # restored
+    with pytest.raises(SystemExit, match="bad tile spec"):
+        bench.parse_tiles("64x32")
 
 
 @pytest.mark.slow

@@ -1,0 +1,186 @@
+"""Static report of the `triton` backend's kernels for sm_90 (H100 / H200), compiled here without a GPU.
+
+For each kernel (forward, dQ, dK/dV), head dim and candidate tile shape it compiles the kernel with Triton's
+own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per thread, local-memory stack
+(register spills), shared memory, the number of warpgroup tensor-core instructions (HGMMA) against the older
+HMMA, global loads (LDG: the near band's gathers are one per element) and instructions in the binary. Each
+configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
+v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
+causal: every feature on). The forward is also compiled with no position terms (``plain``): plain attention in
+the same kernel, the control.
+
+A configuration qualifies when no feature set spills; among those, one whose matrix products use HGMMA in
+every set is preferred, then the largest tile, then fewer warps; marked per kernel and head dim: what
+`triton_backend.GPU_TILES` holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
+
+Usage::
+
+    python benchmarks/triton_static.py                # table + benchmarks/results/triton_static.{json,md}
+    python benchmarks/triton_static.py --head-dims 64 --kernels _fwd_kernel --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "benchmarks" / "results" / "triton_static"
+FEATURES = {
+    "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False),
+    "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
+    "worst": dict(IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
+    "plain": dict(IJ=True, HAS_ROW=False, HAS_COL=False, HAS_SEG=False, HAS_KMASK=False, CAUSAL=False),
+}
+# 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep)
+CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
+    (32, 32, 4),
+    (64, 32, 4),
+    (32, 64, 4),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--kernels", nargs="+", default=["_fwd_kernel", "_dq_kernel", "_dkv_kernel"])
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--no-write", action="store_true")
+    return p.parse_args(argv)
+
+
+def _one(job: tuple) -> dict:
+    from debertakit.attention import triton_kernels as K
+    from debertakit.attention.triton_aot import Tiles, compile_kernel
+
+    kernel, head_dim, (m, n, w), stages, feature, dtype = job
+    row = dict(kernel=kernel, head_dim=head_dim, tiles=str(Tiles(m, n, w, stages)), features=feature)
+    try:
+        c = compile_kernel(getattr(K, kernel), dtype, head_dim, Tiles(m, n, w, stages), FEATURES[feature])
+    except Exception as e:  # out of shared memory, unsupported shape: a result too
+        return {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    return {**row, **vars(c)}
+
+
+def choose(rows: list[dict]) -> dict[tuple[str, int], str]:
+    """Per (kernel, head dim): no spills in any feature set; then HGMMA in all of them, the largest tile, fewer
+    warps."""
+    by_cfg: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["features"] != "plain":
+            by_cfg.setdefault((r["kernel"], r["head_dim"], r["tiles"]), []).append(r)
+    best: dict[tuple[str, int], tuple] = {}
+    for (kernel, hd, tiles), rs in by_cfg.items():
+        if not all("error" not in r and r["stack_bytes"] == 0 for r in rs):
+            continue
+        hgmma = all(r["ops"]["HGMMA"] > 0 for r in rs)
+        m, n = (int(x) for x in tiles.split()[0].split("x"))
+        warps = int(tiles.split()[1][1:])
+        key = (hgmma, m * n, -warps, m)
+        if (kernel, hd) not in best or key > best[(kernel, hd)][0]:
+            best[(kernel, hd)] = (key, tiles)
+    return {k: v[1] for k, v in best.items()}
+
+
+def table(rows: list[dict], chosen: dict) -> str:
+    head = (
+        "| kernel | d | tiles | features | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        mark = " **←**" if chosen.get((r["kernel"], r["head_dim"])) == r["tiles"] else ""
+        if "error" in r:
+            lines.append(
+                f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | "
+                f"{r['error']} |  |  |  |  |  |  |"
+            )
+            continue
+        o = r["ops"]
+        lines.append(
+            f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['registers']} | "
+            f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
+            f"{r['instructions']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
+    import torch
+    import triton
+
+    jobs = [
+        (kernel, hd, cand, args.stages, feature, args.dtype)
+        for kernel in args.kernels
+        for hd in args.head_dims
+        for cand in CANDIDATES
+        for feature in FEATURES
+        if feature != "plain" or kernel == "_fwd_kernel"
+    ]
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a nicety
+
+        def tqdm(x, **_):
+            return x
+
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(tqdm(pool.map(_one, jobs), total=len(jobs), desc="compiling", unit="kernel"))
+    chosen = choose(rows)
+    text = table(rows, chosen)
+    print(text)
+    print()
+    for (kernel, hd), tiles in sorted(chosen.items()):
+        print(f"chosen: {kernel} d{hd}: {tiles}")
+    if args.no_write:
+        return 0
+    env = dict(
+        date=datetime.date.today().isoformat(),
+        target="sm_90 (compiled without a GPU; Triton's ptxas and cuobjdump)",
+        triton=triton.__version__,
+        torch=torch.__version__,
+        dtype=args.dtype,
+        stages=args.stages,
+        command="python benchmarks/triton_static.py",
+    )
+    chosen_out = {f"{k} d{hd}": t for (k, hd), t in sorted(chosen.items())}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.with_suffix(".json").write_text(
+        json.dumps(dict(env=env, chosen=chosen_out, rows=rows), indent=1) + "\n"
+    )
+    md = [
+        "# Static report of the triton kernels (sm_90, no GPU)",
+        "",
+        *(f"- {k}: {v}" for k, v in env.items()),
+        "",
+        "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
+        "cubins. Static only: no timing. **←** marks the tiles chosen per kernel and head dim (no spills in any",
+        "feature set; then HGMMA in all, the largest tile, fewer warps).",
+        "",
+        "Chosen:",
+        "",
+        *(f"- {k}: {v}" for k, v in chosen_out.items()),
+        "",
+        text,
+        "",
+    ]
+    OUT.with_suffix(".md").write_text("\n".join(md))
+    print(
+        f"wrote {OUT.with_suffix('.json').relative_to(ROOT)} and {OUT.with_suffix('.md').relative_to(ROOT)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

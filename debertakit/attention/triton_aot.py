@@ -1,0 +1,113 @@
+"""Ahead-of-time compilation of the `triton` backend's kernels for NVIDIA targets, without a GPU.
+
+Python AST -> Triton IR -> LLVM -> PTX -> cubin with the ptxas that ships with Triton, then the cubin's resource
+usage and instruction mix read with the ``cuobjdump`` Triton also ships. What it can tell without a GPU: whether
+a kernel compiles at all for a target (what the CPU interpreter cannot check), its registers per thread, its
+local-memory stack (register spills, ``STL`` / ``LDL`` instructions), its shared memory, and whether its matrix
+products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``. It cannot tell
+speed. Used by ``tests/attention/compile_triton_kernels.py`` and ``benchmarks/triton_static.py``; run in a
+process where ``TRITON_INTERPRET`` is not set (the kernels must be JIT functions).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI", "Q_LO", "Q_HI"}
+F32_POINTERS = {"ROW", "COL", "LSE", "DELTA", "DQ", "DK", "DV", "DQ_DIST", "DK_DIST"}
+INTS = {"H", "NQ", "NK", "R", "SAT"}
+FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL")
+SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
+
+
+@dataclass
+class Compiled:
+    registers: int
+    stack_bytes: int  # local memory per thread: spilled registers
+    shared_bytes: int
+    instructions: int
+    ops: dict[str, int]  # counts of SASS_OPS in the disassembly
+
+
+def signature(fn, dtype: str, constexprs: dict) -> dict:
+    """Triton signature of one kernel: pointer / integer / float types by argument name."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in INT_POINTERS:
+            sig[name] = "*i32"
+        elif name in F32_POINTERS:
+            sig[name] = "*fp32"
+        elif name in INTS:
+            sig[name] = "i32"
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:  # Q K V DO OUT: the input dtype
+            sig[name] = "*" + dtype
+    return sig
+
+
+def _bin(tool: str) -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: this Triton build ships no {tool}")
+    return str(path)
+
+
+def compile_kernel(
+    fn, dtype: str, head_dim: int, tiles: Tiles, flags: dict, capability: int = 90, inspect: bool = True
+) -> Compiled | None:
+    """Compile ``fn`` for ``sm_<capability>`` (raises if it does not compile); with ``inspect``, read the
+    cubin's resources and instruction mix."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    prec = 1 if dtype == "fp32" else 0
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, **flags)
+    src = ASTSource(fn, signature(fn, dtype, constexprs), constexprs=constexprs)
+    options = dict(num_warps=tiles.warps, num_stages=tiles.stages)
+    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+    cubin = compiled.asm.get("cubin")
+    if not cubin:
+        raise RuntimeError(f"{fn.__name__}: no cubin")
+    if not inspect:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([_bin("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True)
+        sass = subprocess.run([_bin("cuobjdump"), "-sass", f.name], capture_output=True, text=True)
+    regs = re.search(r"REG:(\d+)", usage.stdout)
+    stack = re.search(r"STACK:(\d+)", usage.stdout)
+    if regs is None or stack is None:
+        raise RuntimeError(f"unexpected cuobjdump output: {usage.stdout[:400]!r} {usage.stderr[:400]!r}")
+    # "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the opcode, after an optional predicate
+    words = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass.stdout, re.M)
+    counts = collections.Counter(w if w.startswith("MUFU.EX2") else w.split(".")[0] for w in words)
+    return Compiled(
+        registers=int(regs.group(1)),
+        stack_bytes=int(stack.group(1)),
+        shared_bytes=int(compiled.metadata.shared),
+        instructions=len(words),
+        ops={op: counts.get(op, 0) for op in SASS_OPS},
+    )
