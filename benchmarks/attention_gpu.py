@@ -13,9 +13,13 @@ Sections (all bfloat16 on one CUDA device):
    runs the q/k/v and position projections: its time includes them).
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
-   against Hugging Face's ``DebertaV2Model``; peak memory.
+   against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
+   (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``).
    ``long``: batch 1 at N = 16384, 32768, 65536 (``triton`` and the sdpa ceiling): it must run, and its peak
    memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
+   ``dropout``: the ``attention`` rows in training with dropout ``--dropout`` (0.1, the released models'
+   value) on the probabilities, for the backends that have it (``triton`` draws the mask inside its kernels)
+   and ``scaled_dot_product_attention`` with the same dropout.
    ``tiles`` (not run by default): the ``triton`` row of ``attention`` again for each tile shape of ``--tiles``
    (all three kernels; ``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), to tune `triton_backend.GPU_TILES` by
    timing; candidates come from ``benchmarks/triton_static.py`` (those that compile without spills).
@@ -32,8 +36,8 @@ Usage::
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
                                                        # runs end to end; its timings mean nothing
 
-Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 everywhere:
-the ``triton`` backend has none, and the comparison is about the attention arithmetic.
+Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 except in the
+``dropout`` section and the model's ``train_step dropout`` rows.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", nargs="+", default=["attention", "long", "model", "packed"])
+    p.add_argument("--sections", nargs="+", default=["attention", "dropout", "long", "model", "packed"])
+    p.add_argument("--dropout", type=float, default=0.1, help="probability of the dropout rows")
     p.add_argument(
         "--long-lengths", nargs="+", type=int, default=[16384, 32768, 65536], help="batch-1 lengths of `long`"
     )
@@ -120,7 +125,9 @@ def attention_section(args, device: str, dtype) -> list[dict]:
     return rows
 
 
-def _attention_rows(args, n: int, device: str, dtype, only: tuple[str, ...] | None = None) -> list[dict]:
+def _attention_rows(
+    args, n: int, device: str, dtype, only: tuple[str, ...] | None = None, dropout_p: float = 0.0
+) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -149,7 +156,7 @@ def _attention_rows(args, n: int, device: str, dtype, only: tuple[str, ...] | No
     grad = torch.randn(batch, H, n, D, device=device, dtype=dtype)
     leaves = [q, k, v, pos_q, pos_k]
     flops = attention_flops(batch, H, n, D)
-    request = Request(device_type=device, dtype=dtype, seq_len=n, head_dim=D)
+    request = Request(device_type=device, dtype=dtype, seq_len=n, head_dim=D, dropout=dropout_p > 0)
 
     # name -> (forward closure, tensors to differentiate, gradient of the output)
     candidates: dict[str, tuple[Callable, list, object]] = {}
@@ -160,15 +167,17 @@ def _attention_rows(args, n: int, device: str, dtype, only: tuple[str, ...] | No
             continue
 
         def run(fn=backend.fn):
-            return fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms)[0]
+            return fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms, dropout_p=dropout_p)[
+                0
+            ]
 
         candidates[name] = (run, leaves, grad)
-    sdpa = (lambda: F.scaled_dot_product_attention(q, k, v), leaves[:3], grad)
+    sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
     candidates["sdpa (no position terms)"] = sdpa
-    fd = _flashdeberta(q, k, v, pos_q, pos_k, scale)
+    fd = _flashdeberta(q, k, v, pos_q, pos_k, scale) if dropout_p == 0 else None
     if fd is not None:
         candidates["flashdeberta"] = (fd, leaves, grad)
-    hf = _hf_attention_layer(batch, n, H, D, device, dtype)
+    hf = _hf_attention_layer(batch, n, H, D, device, dtype) if dropout_p == 0 else None
     if hf is not None:
         hf_grad = grad.transpose(1, 2).reshape(batch, n, H * D)  # the layer returns (B, N, H·D)
         candidates["hf eager layer (incl. projections)"] = (*hf, hf_grad)
@@ -193,7 +202,17 @@ def _attention_rows(args, n: int, device: str, dtype, only: tuple[str, ...] | No
     return rows
 
 
-# ------------------------------------------------------------------------------------------ 1b. long inputs
+# ----------------------------------------------------------------------------------------------- 1b. dropout
+def dropout_section(args, device: str, dtype) -> list[dict]:
+    """The attention rows with dropout on the probabilities (training): backends that have it, and sdpa."""
+    rows = []
+    for n in args.lengths:
+        for row in _attention_rows(args, n, device, dtype, dropout_p=args.dropout):
+            rows.append({**row, "section": "dropout", "impl": f"{row['impl']} +dropout {args.dropout}"})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ 1c. long inputs
 def long_section(args, device: str, dtype) -> list[dict]:
     """Batch 1 at growing N (16384 … 65536): the `triton` backend must run, with peak memory linear in N."""
     rows = []
@@ -214,7 +233,7 @@ def long_section(args, device: str, dtype) -> list[dict]:
     return rows
 
 
-# ------------------------------------------------------------------------------------------- 1c. tile sweep
+# ------------------------------------------------------------------------------------------- 1d. tile sweep
 def parse_tiles(spec: str):
     """'64x32w8s2' -> Tiles(64, 32, 8, 2)."""
     import re
@@ -347,18 +366,18 @@ def _hf_attention_layer(batch, n, heads, d, device, dtype):
 
 
 # ----------------------------------------------------------------------------------------- 2./3. the model
-def _v3_config(args, backend: str):
+def _v3_config(args, backend: str, dropout: float = 0.0):
     from debertakit.config import DebertaConfig
 
     if args.smoke:
         return DebertaConfig.preset("tiny-v3", hidden_size=32, num_heads=2, attention_backend=backend,
-                                    hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+                                    hidden_dropout=dropout, attention_dropout=dropout)  # fmt: skip
     return DebertaConfig.preset(
-        "deberta-v3-base", attention_backend=backend, hidden_dropout=0.0, attention_dropout=0.0
+        "deberta-v3-base", attention_backend=backend, hidden_dropout=dropout, attention_dropout=dropout
     )
 
 
-def _models(args, device: str):
+def _models(args, device: str, dropout: float = 0.0):
     """(name, module, is_hf) for our model with each usable backend, and Hugging Face's."""
     import torch
 
@@ -366,20 +385,22 @@ def _models(args, device: str):
     from debertakit.model.backbone import DebertaModel
 
     out = []
-    probe = Request(device_type=device, dtype=torch.bfloat16, seq_len=args.model_length, head_dim=64)
+    probe = Request(
+        device_type=device, dtype=torch.bfloat16, seq_len=args.model_length, head_dim=64, dropout=dropout > 0
+    )
     for name in available_backends():
         try:
             get_backend(name, probe)
         except ValueError:
             continue
         torch.manual_seed(0)
-        out.append((f"ours/{name}", DebertaModel(_v3_config(args, name)).to(device), False))
+        out.append((f"ours/{name}", DebertaModel(_v3_config(args, name, dropout)).to(device), False))
     try:
         from transformers import DebertaV2Config, DebertaV2Model
 
         from debertakit.convert.hf_config import to_hf_config
 
-        hf_cfg = DebertaV2Config(**to_hf_config(_v3_config(args, "eager")))
+        hf_cfg = DebertaV2Config(**to_hf_config(_v3_config(args, "eager", dropout)))
         out.append(("hf eager", DebertaV2Model(hf_cfg).to(device), True))
     except Exception as e:  # transformers absent or incompatible: ours only
         print(f"(no Hugging Face model: {type(e).__name__}: {e})")
@@ -413,17 +434,28 @@ def model_section(args, device: str, dtype) -> list[dict]:
     n = args.model_length
     batch = max(1, args.tokens // n)
     rows = []
-    for name, model, _ in _models(args, device):
-        ids = torch.randint(5, 1000 if not args.smoke else 100, (batch, n), device=device)
-        kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
-        forward, train_step = _step_fns(model, device, dtype, kwargs)
-        for mode, fn in (("forward", forward), ("train_step", train_step)):
-            r = bench(fn, device)
-            row = {"section": "model", "impl": name, "mode": mode, "n": n, "batch": batch}
-            row.update(_tokens(r, batch * n))
-            rows.append(row)
-            print(_fmt(row), flush=True)
-        del model
+    for dropout in (0.0, args.dropout):
+        for name, model, _ in _models(args, device, dropout):
+            ids = torch.randint(5, 1000 if not args.smoke else 100, (batch, n), device=device)
+            kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+            forward, train_step = _step_fns(model, device, dtype, kwargs)
+            modes = [("forward", forward), ("train_step", train_step)] if dropout == 0 else []
+            if dropout > 0:  # released models train with dropout 0.1 on hidden states and probabilities
+                modes = [("train_step dropout", train_step)]
+            for mode, fn in modes:
+                r = bench(fn, device)
+                row = {
+                    "section": "model",
+                    "impl": name,
+                    "mode": mode,
+                    "n": n,
+                    "batch": batch,
+                    "dropout": dropout,
+                }
+                row.update(_tokens(r, batch * n))
+                rows.append(row)
+                print(_fmt(row), flush=True)
+            del model
     return rows
 
 
@@ -500,7 +532,7 @@ def environment(device: str) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    att = [r for r in rows if r["section"] in ("attention", "long", "tiles")]
+    att = [r for r in rows if r["section"] in ("attention", "dropout", "long", "tiles")]
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
         print(f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s}")
@@ -509,13 +541,13 @@ def print_table(rows: list[dict]) -> None:
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s}")  # fmt: skip
-    other = [r for r in rows if r["section"] not in ("attention", "long", "tiles")]
+    other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s")
         for r in other:
             layout = r.get("layout", f"N={r.get('n')}")
             val = r.get("tokens_per_s", r.get("error"))
-            print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:11s} {val!s:>12s} "
+            print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:18s} {val!s:>12s} "
                   f"peak {r.get('peak_gib', '')} GiB")  # fmt: skip
 
 
@@ -544,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     sections = {
         "attention": attention_section,
+        "dropout": dropout_section,
         "long": long_section,
         "tiles": tiles_section,
         "model": model_section,

@@ -6,12 +6,15 @@ own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per
 HMMA, global loads (LDG: the near band's gathers are one per element) and instructions in the binary. Each
 configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
-causal: every feature on). The forward is also compiled with no position terms (``plain``): plain attention in
-the same kernel, the control.
+causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
+Philox, which needs registers). The forward is also compiled with no position terms (``plain``): plain attention
+in the same kernel, the control.
 
-A configuration qualifies when no feature set spills; among those, one whose matrix products use HGMMA in
-every set is preferred, then the largest tile, then fewer warps; marked per kernel and head dim: what
-`triton_backend.GPU_TILES` holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
+A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
+it) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
+then the largest tile, then the longer side along the kernel's loop (keys for the forward and dQ, queries for
+dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
+(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
 
 Usage::
 
@@ -33,14 +36,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "triton_static"
-FEATURES = {
+_SETS = {
     "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False),
     "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
     "worst": dict(IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
-    "plain": dict(IJ=True, HAS_ROW=False, HAS_COL=False, HAS_SEG=False, HAS_KMASK=False, CAUSAL=False),
 }
-# 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep)
+FEATURES = {
+    **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
+    **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
+    "plain": dict(
+        IJ=True, HAS_ROW=False, HAS_COL=False, HAS_SEG=False, HAS_KMASK=False, CAUSAL=False, DROPOUT=False
+    ),
+}
+USES = {"inference": tuple(_SETS), "dropout": tuple(f"{name}+dropout" for name in _SETS)}
+# 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
+# tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128)
 CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
+    (64, 16, 8),
+    (128, 16, 8),
     (32, 32, 4),
     (64, 32, 4),
     (32, 64, 4),
@@ -71,23 +84,27 @@ def _one(job: tuple) -> dict:
     return {**row, **vars(c)}
 
 
-def choose(rows: list[dict]) -> dict[tuple[str, int], str]:
-    """Per (kernel, head dim): no spills in any feature set; then HGMMA in all of them, the largest tile, fewer
-    warps."""
+def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
+    """Per (kernel, head dim, use): no spills in any feature set of the use; then HGMMA in all of them, the
+    largest tile, the longer side along the kernel's loop, fewer warps."""
     by_cfg: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["features"] != "plain":
-            by_cfg.setdefault((r["kernel"], r["head_dim"], r["tiles"]), []).append(r)
-    best: dict[tuple[str, int], tuple] = {}
-    for (kernel, hd, tiles), rs in by_cfg.items():
+        for use, sets in USES.items():
+            if r["features"] in sets:
+                by_cfg.setdefault((r["kernel"], r["head_dim"], use, r["tiles"]), []).append(r)
+    best: dict[tuple[str, int, str], tuple] = {}
+    for (kernel, hd, use, tiles), rs in by_cfg.items():
         if not all("error" not in r and r["stack_bytes"] == 0 for r in rs):
             continue
         hgmma = all(r["ops"]["HGMMA"] > 0 for r in rs)
         m, n = (int(x) for x in tiles.split()[0].split("x"))
         warps = int(tiles.split()[1][1:])
-        key = (hgmma, m * n, -warps, m)
-        if (kernel, hd) not in best or key > best[(kernel, hd)][0]:
-            best[(kernel, hd)] = (key, tiles)
+        # among equal areas the longer side along the kernel's loop: fewer online-softmax rescales per key
+        # (forward, dQ loop over key blocks), fewer passes over the owned block's state (dK/dV: query blocks)
+        inner = m if kernel == "_dkv_kernel" else n
+        key = (hgmma, m * n, inner, -warps)
+        if (kernel, hd, use) not in best or key > best[(kernel, hd, use)][0]:
+            best[(kernel, hd, use)] = (key, tiles)
     return {k: v[1] for k, v in best.items()}
 
 
@@ -97,7 +114,8 @@ def table(rows: list[dict], chosen: dict) -> str:
     )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
-        mark = " **←**" if chosen.get((r["kernel"], r["head_dim"])) == r["tiles"] else ""
+        use = next((u for u, sets in USES.items() if r["features"] in sets), None)
+        mark = " **←**" if chosen.get((r["kernel"], r["head_dim"], use)) == r["tiles"] else ""
         if "error" in r:
             lines.append(
                 f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | "
@@ -141,8 +159,8 @@ def main(argv=None) -> int:
     text = table(rows, chosen)
     print(text)
     print()
-    for (kernel, hd), tiles in sorted(chosen.items()):
-        print(f"chosen: {kernel} d{hd}: {tiles}")
+    for (kernel, hd, use), tiles in sorted(chosen.items()):
+        print(f"chosen: {kernel} d{hd} {use}: {tiles}")
     if args.no_write:
         return 0
     env = dict(
@@ -154,7 +172,7 @@ def main(argv=None) -> int:
         stages=args.stages,
         command="python benchmarks/triton_static.py",
     )
-    chosen_out = {f"{k} d{hd}": t for (k, hd), t in sorted(chosen.items())}
+    chosen_out = {f"{k} d{hd} {use}": t for (k, hd, use), t in sorted(chosen.items())}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.with_suffix(".json").write_text(
         json.dumps(dict(env=env, chosen=chosen_out, rows=rows), indent=1) + "\n"
@@ -165,8 +183,9 @@ def main(argv=None) -> int:
         *(f"- {k}: {v}" for k, v in env.items()),
         "",
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
-        "cubins. Static only: no timing. **←** marks the tiles chosen per kernel and head dim (no spills in any",
-        "feature set; then HGMMA in all, the largest tile, fewer warps).",
+        "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
+        "the sets without dropout; dropout: the `+dropout` sets): no spills in any set of the use; then HGMMA in",
+        "all, the largest tile, the longer side along the kernel's loop, fewer warps.",
         "",
         "Chosen:",
         "",

@@ -20,9 +20,15 @@ from torch import Tensor, nn
 _LEVELS = 1 << 16
 
 
+def drop_threshold(p: float) -> int:
+    """An element is dropped when its 16-bit random number (0 … 2**16 - 1) is below this: ``round(p · 2**16)``."""
+    _check_p(p)
+    return round(p * _LEVELS)
+
+
 def rounded_p(p: float) -> float:
     """The dropout probability actually applied: ``p`` rounded to a multiple of 2**-16."""
-    return round(p * _LEVELS) / _LEVELS
+    return drop_threshold(p) / _LEVELS
 
 
 def _check_p(p: float) -> None:
@@ -38,13 +44,12 @@ def keep_mask(
 ) -> tuple[Tensor, float]:
     """(bool mask of the kept elements, scale ``1 / (1 - rounded p)`` for them), drawn from ``generator`` (the
     device's default generator when None)."""
-    _check_p(p)
+    threshold = drop_threshold(p) - _LEVELS // 2  # int16 values are uniform over [-2**15, 2**15)
     n = math.prod(shape)
     # random_() on int64 draws from [0, 2**63): the low 48 bits are uniform, the top 16 are not
     words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_(generator=generator)
     parts = words.view(torch.int16).view(-1, 4)
     parts = parts[:, :3] if sys.byteorder == "little" else parts[:, 1:]
-    threshold = round(p * _LEVELS) - _LEVELS // 2  # int16 values are uniform over [-2**15, 2**15)
     keep = (parts >= threshold).view(-1)[:n].view(tuple(shape))
     return keep, 1.0 / (1.0 - rounded_p(p))
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI", "Q_LO", "Q_HI"}
 F32_POINTERS = {"ROW", "COL", "LSE", "DELTA", "DQ", "DK", "DV", "DQ_DIST", "DK_DIST"}
-INTS = {"H", "NQ", "NK", "R", "SAT"}
-FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL")
+INTS = {"H", "NQ", "NK", "R", "SAT", "DROP_T"}
+FLOATS = {"scale", "drop_scale"}
+FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT")
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
 
 
@@ -57,8 +58,10 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name in INTS:
             sig[name] = "i32"
-        elif name == "scale":
+        elif name in FLOATS:
             sig[name] = "fp32"
+        elif name == "seed":  # the dropout seed, always int64 (see `triton_backend._draw_seed`)
+            sig[name] = "i64"
         else:  # Q K V DO OUT: the input dtype
             sig[name] = "*" + dtype
     return sig

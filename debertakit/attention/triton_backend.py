@@ -7,9 +7,10 @@ What it serves (anything else is declined through the registry, so ``auto`` pick
 * c2p, p2c and p2p in any combination; v1 clamping and v2/v3 log buckets (both are just a `RelativeIndex` table).
 * Padding masks, packed sequences (segments / ``cu_seqlens`` with positions inside each sequence), causal,
   Nq != Nk with default or explicit positions.
-* Declined: attention probabilities (``return_probs``), dense masks, dropout on the probabilities (``auto`` then
-  picks another backend for training with attention dropout; set the attention dropout to 0 to train with this
-  one).
+* Dropout on the probabilities, drawn inside the kernels (16-bit Philox numbers; see `triton_kernels`): the
+  backward redraws the forward's mask from the call's seed, which comes from the CPU default generator, so
+  ``torch.manual_seed`` reproduces a run and activation checkpointing (which restores the CPU RNG state) replays it.
+* Declined: attention probabilities (``return_probs``) and dense masks.
 
 Explicit positions must be distinct inside a sequence (they are for every geometry the model builds); the
 backward relies on it (see `triton_kernels`) and the call checks it.
@@ -26,6 +27,7 @@ import os
 import torch
 from torch import Tensor
 
+from debertakit.attention.dropout import drop_threshold
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, register
@@ -52,7 +54,8 @@ KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 # Tiles per kernel on CUDA, by head dim (<= 64, 128): for each, the largest that compiles for sm_90 without
 # register spills in every feature set, preferring warpgroup tensor-core (HGMMA) code (`benchmarks/
 # triton_static.py`, table in benchmarks/results/triton_static.md). Not yet tuned by timing: `python
-# benchmarks/attention_gpu.py --sections tiles` times candidates on a GPU.
+# benchmarks/attention_gpu.py --sections tiles` times candidates on a GPU. DROPOUT_TILES replaces those that
+# spill once the kernel draws its dropout mask.
 GPU_TILES = {
     64: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
@@ -61,31 +64,41 @@ GPU_TILES = {
     },
     128: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
-        "_dq_kernel": Tiles(32, 64, 8, 2),
-        "_dkv_kernel": Tiles(32, 32, 8, 2),
+        "_dq_kernel": Tiles(64, 16, 8, 2),
+        "_dkv_kernel": Tiles(64, 16, 8, 2),
     },
+}
+DROPOUT_TILES = {
+    64: {},
+    128: {"_fwd_kernel": Tiles(64, 16, 8, 2)},
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
 
 
-def tiles_for(device: torch.device, head_dim: int, kernel: str) -> Tiles:
+def tiles_for(device: torch.device, head_dim: int, kernel: str, dropout: bool = False) -> Tiles:
     """Tiles of one kernel: the benchmark's override if set; small tiles under the interpreter (so short test
-    inputs cross tile edges and the saturation); on GPU the table above."""
+    inputs cross tile edges and the saturation); on GPU the tables above."""
     if kernel in TILE_OVERRIDES:
         return TILE_OVERRIDES[kernel]
     if device.type != "cuda":
         return Tiles(16, 16, 1, 1)
-    return GPU_TILES[64 if head_dim <= 64 else 128][kernel]
+    width = 64 if head_dim <= 64 else 128
+    if dropout and kernel in DROPOUT_TILES[width]:
+        return DROPOUT_TILES[width][kernel]
+    return GPU_TILES[width][kernel]
 
 
 def _launch(t: Tiles) -> dict:
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
 
 
-def _flags(q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool, ij: bool) -> dict:
+def _flags(
+    q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool, ij: bool, dropout: bool
+) -> dict:
     return dict(
         IJ=ij,
+        DROPOUT=dropout,
         HAS_ROW=row is not None,
         HAS_COL=col is not None,
         HAS_SEG=q_seg is not None,
@@ -126,6 +139,21 @@ def _dummy(device: torch.device) -> Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
 
 
+def _draw_seed() -> Tensor:
+    """A dropout seed from the CPU default generator, as a CPU tensor: reading it never waits for the GPU, and
+    under ``torch.compile`` it is drawn inside the graph at every call (a Python int would be baked in as a
+    constant). In [2**62, 2**63), so that Triton always types it int64 (one compiled variant)."""
+    return torch.randint(0, 1 << 62, (), dtype=torch.int64) + (1 << 62)
+
+
+def _dropout_args(seed: Tensor | None, threshold: int) -> dict:
+    """Kernel arguments of the dropout: seed, 16-bit threshold, scale of the kept probabilities (the scale of
+    `dropout.keep_mask`: 1 / (1 - rounded p))."""
+    if seed is None or threshold == 0:
+        return dict(seed=0, DROP_T=0, drop_scale=1.0)
+    return dict(seed=int(seed), DROP_T=threshold, drop_scale=1.0 / (1.0 - threshold / (1 << 16)))
+
+
 @torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
 def _fwd_op(
     q: Tensor,
@@ -143,6 +171,7 @@ def _fwd_op(
     kv_hi: Tensor,
     q_lo: Tensor,
     q_hi: Tensor,
+    seed: Tensor | None,
     scale: float,
     sat: int,
     c2p: bool,
@@ -150,6 +179,7 @@ def _fwd_op(
     p2p: bool,
     causal: bool,
     ij: bool,
+    drop_t: int,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32; +inf on rows with no visible key)."""
     with torch.autocast(q.device.type, enabled=False):
@@ -159,7 +189,7 @@ def _fwd_op(
         R = _table_rows(row, col)
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
-        t = tiles_for(q.device, D, "_fwd_kernel")
+        t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0)
         dummy = _dummy(q.device)
         grid = (triton_cdiv(NQ, t.block_m), B * H)
         _kernels()._fwd_kernel[grid](
@@ -167,14 +197,14 @@ def _fwd_op(
             row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
             k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
-            H, NQ, NK, R, sat, scale,
-            HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij),
+            H, NQ, NK, R, sat, scale, **_dropout_args(seed, drop_t),
+            HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
         )  # fmt: skip
     return out, lse
 
 
 @_fwd_op.register_fake
-def _(q, k, v, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, *args):
+def _(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -198,6 +228,7 @@ def _bwd_op(
     kv_hi: Tensor,
     q_lo: Tensor,
     q_hi: Tensor,
+    seed: Tensor | None,
     scale: float,
     sat: int,
     c2p: bool,
@@ -205,6 +236,7 @@ def _bwd_op(
     p2p: bool,
     causal: bool,
     ij: bool,
+    drop_t: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
     with torch.autocast(q.device.type, enabled=False):
@@ -226,8 +258,10 @@ def _bwd_op(
         dk_dist = (
             torch.zeros((B, H, NK, W), dtype=torch.float32, device=q.device) if col is not None else None
         )
-        flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij))
-        t_dq, t_dkv = tiles_for(q.device, D, "_dq_kernel"), tiles_for(q.device, D, "_dkv_kernel")
+        flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
+        flags.update(_dropout_args(seed, drop_t))
+        t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0)
+        t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0)
         tables = (
             row if row is not None else dummy.float(),
             col if col is not None else dummy.float(),
@@ -292,17 +326,16 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 22
+_N_FWD_INPUTS = 24
+_N_FWD_TENSORS = 16  # q … q_hi, seed; the rest are scalars
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = inputs[:15]
-    ctx.scalars = inputs[15:]
+    q, k, v, pos_q, pos_k, *rest = inputs[:_N_FWD_TENSORS]
+    ctx.scalars = inputs[_N_FWD_TENSORS:]
     ctx.has_pos = (pos_q is not None, pos_k is not None)
     out, lse = output
-    ctx.save_for_backward(
-        q, k, v, out, lse, pos_q, pos_k, lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi
-    )
+    ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *rest)
 
 
 def _backward(ctx, dout, dlse):
@@ -390,9 +423,9 @@ def triton_attention(
     dropout_p: float = 0.0,
     return_probs: bool = False,
 ) -> tuple[Tensor, None]:
-    """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`."""
-    if dropout_p > 0.0:
-        raise ValueError("the triton backend has no attention dropout; use dropout_p=0 or another backend")
+    """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`
+    (with dropout, the mask is the kernels' own: see `dropout_keep_mask`)."""
+    drop_t = drop_threshold(dropout_p)  # checks 0 <= p < 1
     if return_probs:
         raise ValueError("the triton backend does not return attention probabilities")
     if geom.dense is not None:
@@ -411,7 +444,16 @@ def triton_attention(
             return None if t is None else torch.nn.functional.pad(t, (0, width - D))
 
         out, _ = triton_attention(
-            pad(q), pad(k), pad(v), pad(pos_q), pad(pos_k), rel, geom, scale=scale, terms=terms
+            pad(q),
+            pad(k),
+            pad(v),
+            pad(pos_q),
+            pad(pos_k),
+            rel,
+            geom,
+            scale=scale,
+            terms=terms,
+            dropout_p=dropout_p,
         )
         return out[..., :D], None
     device = q.device
@@ -460,6 +502,7 @@ def triton_attention(
         kv_hi,
         q_lo,
         q_hi,
+        _draw_seed() if drop_t > 0 else None,
         float(scale),
         int(sat),
         c2p,
@@ -467,8 +510,21 @@ def triton_attention(
         p2p,
         bool(geom.causal),
         geom.distance_is_i_minus_j(),
+        drop_t,
     )
     return out.to(v.dtype), None
+
+
+def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: float, device) -> Tensor:
+    """(B, H, Nq, Nk) bool: the dropout mask the kernels apply for ``seed`` (True where kept), materialised for
+    tests and inspection. It depends only on (seed, b·H + h, i, j), not on tiles."""
+    out = torch.empty((batch * heads, nq, nk), dtype=torch.uint8, device=device)
+    t = Tiles(16, 16, 1, 1) if torch.device(device).type != "cuda" else Tiles(64, 64, 4, 1)
+    grid = (triton_cdiv(nq, t.block_m), triton_cdiv(nk, t.block_n), batch * heads)
+    _kernels()._keep_mask_kernel[grid](
+        out, seed, nq, nk, drop_threshold(p), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps
+    )
+    return out.view(batch, heads, nq, nk).bool()
 
 
 def _unsupported(r: Request) -> str | None:
@@ -476,8 +532,6 @@ def _unsupported(r: Request) -> str | None:
         return "needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)"
     if r.needs_probs:
         return "it does not return attention probabilities"
-    if r.dropout:
-        return "it has no dropout on attention probabilities (use dropout 0, or another backend for training)"
     if r.dense_mask:
         return "it does not take dense attention masks"
     if r.dtype not in SUPPORTED_DTYPES:

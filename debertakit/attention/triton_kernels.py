@@ -25,6 +25,14 @@ block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums 
 into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
 No cell is written twice, so plain stores suffice. The caller folds the (N, 2·SAT + 1) distance buffers into
 (N, R) table rows with one ``index_add`` over the LUT (exact) and finishes with matmuls.
+
+Dropout on the probabilities (``DROPOUT``): element (i, j) of head ``bh`` is dropped when its 16-bit random
+number is below ``DROP_T = round(p · 2**16)`` (the rule of `debertakit.attention.dropout`), kept ones scaled by
+``drop_scale = 1 / (1 - DROP_T / 2**16)``. The numbers come from Philox with the counter (j // 8, i, bh, 0): one
+call gives the eight 16-bit numbers of columns 8·(j // 8) … +7, so a mask is a function of (seed, bh, i, j)
+alone, whatever tiles a kernel uses — the backward kernels redraw exactly the forward's mask, and nothing N×N
+is stored. The softmax normaliser counts every pair (dropout comes after the softmax); with O = (P ∘ Z)·V the
+backward's rowsum(P ∘ dP) is still dO·O, so the delta term is unchanged.
 """
 
 from __future__ import annotations
@@ -131,6 +139,37 @@ def _tile(
 
 
 @triton.jit
+def _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) bool dropout mask of the tile whose first column is ``start_n`` (a multiple of 8):
+    True where kept. One Philox call per eight columns (see the module docstring)."""
+    tl.static_assert(BLOCK_N % 8 == 0, "dropout draws eight columns per Philox call")
+    G: tl.constexpr = BLOCK_N // 8
+    groups = start_n // 8 + tl.arange(0, G)
+    c0 = tl.broadcast_to(groups[None, :], (BLOCK_M, G))
+    c1 = tl.broadcast_to(offs_m[:, None], (BLOCK_M, G))
+    zero = tl.zeros((BLOCK_M, G), dtype=tl.int32)
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh, zero)
+    # eight 16-bit numbers per call, laid out as the eight columns of the group (the same layout everywhere)
+    lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
+    hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
+    bits = tl.reshape(tl.join(lo, hi), (BLOCK_M, BLOCK_N))
+    return bits >= DROP_T
+
+
+@triton.jit(do_not_specialize=["seed", "DROP_T"])
+def _keep_mask_kernel(OUT, seed, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dropout mask of one (b, h) as uint8 (B·H, NQ, NK): what the attention kernels draw, for tests."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_n = tl.program_id(1) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    bh = tl.program_id(2)
+    keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
+    inside = (offs_m[:, None] < NQ) & (offs_n[None, :] < NK)
+    OUT += (bh * NQ).to(tl.int64) * NK
+    tl.store(OUT + (offs_m[:, None] * NK + offs_n[None, :]), keep.to(tl.uint8), mask=inside)
+
+
+@triton.jit
 def _table_grad(
     DIST, own, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, AXIS: tl.constexpr
 ):  # fmt: skip
@@ -184,7 +223,7 @@ def _query_block(
     return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "DROP_T"])
 def _fwd_kernel(
     Q,
     K,
@@ -207,6 +246,9 @@ def _fwd_kernel(
     R,
     SAT,
     scale,
+    seed,
+    DROP_T,
+    drop_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -217,6 +259,7 @@ def _fwd_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
     IJ: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -266,11 +309,15 @@ def _fwd_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped pairs too
+        if DROPOUT:
+            p = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), p, 0.0)
         acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
         m_i = m_new
 
     visible = l_i > 0.0
+    if DROPOUT:
+        acc *= drop_scale
     out = acc / tl.where(visible, l_i, 1.0)[:, None]  # rows with no visible key: zeros
     out_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(OUT + out_ptrs, out.to(OUT.dtype.element_ty), mask=m_in[:, None])
@@ -279,7 +326,7 @@ def _fwd_kernel(
     tl.store(LSE + offs_m, lse, mask=m_in)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "DROP_T"])
 def _dq_kernel(
     Q,
     K,
@@ -305,6 +352,9 @@ def _dq_kernel(
     R,
     SAT,
     scale,
+    seed,
+    DROP_T,
+    drop_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -315,6 +365,7 @@ def _dq_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
     IJ: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
     pid_m = tl.program_id(0)
@@ -368,6 +419,8 @@ def _dq_kernel(
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
+        if DROPOUT:  # d loss / d P through the dropped, rescaled probabilities
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), dp * drop_scale, 0.0)
         ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
@@ -380,7 +433,7 @@ def _dq_kernel(
         tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r, mask=m_in)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "DROP_T"])
 def _dkv_kernel(
     Q,
     K,
@@ -407,6 +460,9 @@ def _dkv_kernel(
     R,
     SAT,
     scale,
+    seed,
+    DROP_T,
+    drop_scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -417,6 +473,7 @@ def _dkv_kernel(
     CAUSAL: tl.constexpr,
     PREC: tl.constexpr,
     IJ: tl.constexpr,
+    DROPOUT: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n = tl.program_id(0)
@@ -471,8 +528,13 @@ def _dkv_kernel(
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])
-        dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
         dp = _mm(do, tl.trans(v), PREC)
+        if DROPOUT:
+            keep = _keep(seed, bh, offs_m, pid_n * BLOCK_N, DROP_T, BLOCK_M, BLOCK_N)
+            dv += _mm(tl.trans(tl.where(keep, p * drop_scale, 0.0).to(do.dtype)), do, PREC)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+        else:
+            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
         ds = p * (dp - dlt[:, None])
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:

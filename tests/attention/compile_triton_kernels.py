@@ -5,7 +5,8 @@ shared-memory overflow).
 Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT functions)::
 
     python tests/attention/compile_triton_kernels.py          # the configured GPU tiles, bf16, d 64 and 128,
-                                                              # sm_90, checked for register spills
+                                                              # with and without dropout, sm_90, checked
+                                                              # for register spills
     python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80)
 """
 
@@ -29,8 +30,10 @@ from debertakit.attention.triton_backend import KERNEL_NAMES, tiles_for  # noqa:
 def configurations(everything: bool):
     if not everything:
         for head_dim in (64, 128):
-            yield "bf16", head_dim, dict.fromkeys(FLAGS, True), 90
-            yield "bf16", head_dim, dict(dict.fromkeys(FLAGS, True), IJ=False), 90
+            for dropout in (False, True):
+                every = dict(dict.fromkeys(FLAGS, True), DROPOUT=dropout)
+                yield "bf16", head_dim, every, 90
+                yield "bf16", head_dim, dict(every, IJ=False), 90
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     flag_sets = flag_sets[::8] + flag_sets[-1:]  # a spread of feature combinations, plus all of them on
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     n, problems = 0, []
     for dtype, head_dim, flags, capability in configurations(args.all):
         for name in KERNEL_NAMES:
-            tiles = tiles_for(torch.device("cuda"), head_dim, name)
+            tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"])
             check = not args.all  # the configured tiles at the default: read the cubin too
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
             n += 1

@@ -35,8 +35,10 @@ from debertakit.attention import (  # noqa: E402
     get_backend,
     packed_geometry,
     scale_for,
+    triton_backend,
 )
-from debertakit.attention.triton_backend import triton_attention  # noqa: E402
+from debertakit.attention.dropout import rounded_p  # noqa: E402
+from debertakit.attention.triton_backend import Tiles, dropout_keep_mask, triton_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -124,10 +126,10 @@ def _inputs(c: Case, dtype: torch.dtype, device: str):
     return q, k, v, pos_q, pos_k
 
 
-def _run(fn, c: Case, inputs, geom: Geometry, grad_out: torch.Tensor | None = None):
+def _run(fn, c: Case, inputs, geom: Geometry, grad_out: torch.Tensor | None = None, **kw):
     q, k, v, pos_q, pos_k = inputs
     sf = 1 + sum(c.terms)
-    out, _ = fn(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale_for(c.dim, sf), terms=c.terms)
+    out, _ = fn(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale_for(c.dim, sf), terms=c.terms, **kw)
     leaves = [t for t in inputs if t is not None]
     if grad_out is None:
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out)
@@ -140,9 +142,14 @@ def _compare(c: Case, dtype: torch.dtype, device: str) -> None:
     inputs = _inputs(c, dtype, device)
     out, grads = _run(triton_attention, c, inputs, geom)
     ref, ref_grads = _run(eager_attention, c, inputs, geom)
+    _assert_close(c, inputs, dtype, (out, *grads), (ref, *ref_grads))
+
+
+def _assert_close(c: Case, inputs, dtype: torch.dtype, got, want) -> None:
+    """Output and gradients (out, dq, dk, dv, dpos_q?, dpos_k?) within the grid's tolerance for ``dtype``."""
     names = ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"]
     names = names[:4] + [n for n, t in zip(names[4:], inputs[3:]) if t is not None]
-    for name, a, b in zip(names, (out, *grads), (ref, *ref_grads)):
+    for name, a, b in zip(names, got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert torch.isfinite(a).all(), name
         if dtype == torch.float32:
@@ -227,6 +234,29 @@ def test_repeated_explicit_positions_are_refused():
         triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.1, terms=c.terms)
 
 
+def test_torch_compile_with_dropout_draws_what_eager_draws():
+    """Under torch.compile the seed is drawn inside the graph from the same CPU generator: the same torch seed
+    gives the uncompiled call's output and gradients."""
+    c = GRID["packed_causal"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+
+    def fn(q, k, v, pos_q, pos_k):
+        return triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)[
+            0
+        ]
+
+    results = []
+    for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        torch.manual_seed(21)
+        out = f(*inputs)
+        results.append([out, *torch.autograd.grad(out.square().sum(), inputs)])
+    plain = triton_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)[0]
+    assert not torch.allclose(results[1][0], plain)  # dropout was applied
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
 def test_torch_compile_custom_op_forward_and_backward():
     c = GRID["packed_causal"]
     geom = _geometry(c, DEVICE)
@@ -248,10 +278,10 @@ def test_torch_compile_custom_op_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_custom_op_registration_passes_opcheck(monkeypatch):
-    """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes."""
-    from debertakit.attention import triton_backend
-
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2], ids=["no_dropout", "dropout"])
+def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p):
+    """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes (with
+    dropout the seed is an input, so repeated runs agree)."""
     c = GRID["packed_causal"]
     captured = []
     real = triton_backend._fwd_op
@@ -262,8 +292,14 @@ def test_custom_op_registration_passes_opcheck(monkeypatch):
 
     monkeypatch.setattr(triton_backend, "_fwd_op", spy)
     triton_attention(
-        *_inputs(c, torch.float32, DEVICE), c.rel, _geometry(c, DEVICE), scale=0.2, terms=c.terms
+        *_inputs(c, torch.float32, DEVICE),
+        c.rel,
+        _geometry(c, DEVICE),
+        scale=0.2,
+        terms=c.terms,
+        dropout_p=dropout_p,
     )
+    assert (captured[0][15] is None) == (dropout_p == 0.0)  # the seed
     torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
 
 
@@ -283,8 +319,8 @@ def test_autocast_keeps_float32_scores():
 def test_registry_declines_what_it_cannot_serve():
     base = dict(device_type=DEVICE, dtype=torch.bfloat16, seq_len=128, head_dim=64)
     assert get_backend("triton", Request(**base)).name == "triton"
+    assert get_backend("triton", Request(**base, dropout=True)).name == "triton"
     for extra, words in [
-        (dict(dropout=True), "dropout"),
         (dict(needs_probs=True), "probabilities"),
         (dict(dense_mask=True), "dense"),
         (dict(head_dim=160), "head dim"),
@@ -295,8 +331,8 @@ def test_registry_declines_what_it_cannot_serve():
     # on CPU it only runs interpreted: `auto` keeps choosing another backend there
     assert get_backend("auto", Request(**{**base, "device_type": "cpu"})).name != "triton"
     assert get_backend("auto", Request(**{**base, "device_type": "cuda"})).name == "triton"
-    # training with attention dropout on CUDA: `auto` picks a backend that has it
-    assert get_backend("auto", Request(**{**base, "device_type": "cuda", "dropout": True})).name != "triton"
+    # training with attention dropout on CUDA: the kernels draw the mask themselves
+    assert get_backend("auto", Request(**{**base, "device_type": "cuda", "dropout": True})).name == "triton"
 
 
 def test_registry_refuses_cpu_without_interpreter(monkeypatch):
@@ -322,6 +358,156 @@ def test_model_with_triton_backend_matches_eager():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+# ------------------------------------------------------------------------------------------------- dropout
+DROPOUT_GRID = [
+    "n70_saturating",
+    "p2c_only",
+    "heads2_d32_batch2",
+    "padding",
+    "packed_causal",
+    "cross_nq_gt_nk",
+    "explicit_positions",
+    "d8_zero_padded_to_16",
+]
+
+
+def _record_seeds(monkeypatch) -> list[torch.Tensor]:
+    drawn = []
+    real = triton_backend._draw_seed
+
+    def record():
+        drawn.append(real())
+        return drawn[-1]
+
+    monkeypatch.setattr(triton_backend, "_draw_seed", record)
+    return drawn
+
+
+def _eager_with_mask(c: Case, inputs, geom: Geometry, keep: torch.Tensor, p: float):
+    """eager's probabilities times a given keep mask and 1 / (1 - rounded p), then · v; with gradients."""
+    q, k, v, pos_q, pos_k = inputs
+    scale = scale_for(c.dim, 1 + sum(c.terms))
+    _, probs = eager_attention(
+        q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms, return_probs=True
+    )
+    out = ((probs * keep / (1.0 - rounded_p(p))) @ v.float()).to(v.dtype)
+    leaves = [t for t in inputs if t is not None]
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out)
+    return out, torch.autograd.grad(out, leaves, grad_out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", DROPOUT_GRID)
+def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
+    """Forward and backward kernels apply one mask, the one `dropout_keep_mask` materialises for the call's
+    seed: output and every gradient equal eager's probabilities times that mask."""
+    c = GRID[name]
+    seeds = _record_seeds(monkeypatch)
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, dtype, DEVICE)
+    got = _run(triton_attention, c, inputs, geom, dropout_p=0.3)
+    assert len(seeds) == 1
+    keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, 0.3, DEVICE)
+    assert 0.55 < keep.float().mean().item() < 0.85
+    want = _eager_with_mask(c, inputs, geom, keep, 0.3)
+    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+
+
+def test_dropout_mask_does_not_depend_on_tiles(monkeypatch):
+    """The three kernels use different tiles on a GPU: the mask must be a function of (seed, b·h, i, j) alone."""
+    c = GRID["packed_causal"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    seed = torch.tensor((1 << 62) + 12345)
+    monkeypatch.setattr(triton_backend, "_draw_seed", lambda: seed)
+    ref = _run(triton_attention, c, inputs, geom, dropout_p=0.2)
+    other = {
+        "_fwd_kernel": Tiles(32, 16, 1, 1),
+        "_dq_kernel": Tiles(16, 32, 1, 1),
+        "_dkv_kernel": Tiles(32, 32, 1, 1),
+    }
+    monkeypatch.setattr(triton_backend, "TILE_OVERRIDES", other)
+    got = _run(triton_attention, c, inputs, geom, dropout_p=0.2)
+    for a, b in zip((got[0], *got[1]), (ref[0], *ref[1])):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_dropout_mask_statistics():
+    """Keep rate 1 - p in every (b, h), every column of a Philox group of eight and every row; heads and seeds
+    draw different masks."""
+    p = 0.1
+    keep = dropout_keep_mask((1 << 62) + 7, 2, 3, 96, 160, p, DEVICE).float()  # 92160 draws
+    assert abs(keep.mean().item() - (1 - p)) < 0.005  # 5 standard deviations
+    per_head = keep.mean((2, 3)).flatten()
+    assert (per_head - (1 - p)).abs().max() < 0.02
+    per_lane = keep.view(2, 3, 96, 20, 8).mean((0, 1, 2, 3))  # column j % 8 within its Philox group
+    assert (per_lane - (1 - p)).abs().max() < 0.02
+    assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
+    again = dropout_keep_mask((1 << 62) + 7, 2, 3, 96, 160, p, DEVICE).float()
+    other = dropout_keep_mask((1 << 62) + 8, 2, 3, 96, 160, p, DEVICE).float()
+    assert torch.equal(keep, again) and not torch.equal(keep, other)
+
+
+def test_dropout_follows_the_torch_seed_and_checks_p():
+    c = GRID["n33"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    outs = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        outs.append(_run(triton_attention, c, inputs, geom, dropout_p=0.5)[0])
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+    # p below 2**-17 rounds to no dropout at all (the 16-bit rule of every backend)
+    plain = _run(triton_attention, c, inputs, geom)[0]
+    assert torch.equal(_run(triton_attention, c, inputs, geom, dropout_p=1e-6)[0], plain)
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.0"):
+        _run(triton_attention, c, inputs, geom, dropout_p=1.0)
+
+
+def test_dropout_replays_under_activation_checkpointing():
+    """Checkpointing recomputes the forward with the CPU RNG state restored: same seed, same mask, so the
+    gradients equal those of an uncheckpointed call."""
+    from torch.utils.checkpoint import checkpoint
+
+    c = GRID["padding"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+
+    def attend(*xs):
+        return triton_attention(*xs, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.25)[0]
+
+    results = []
+    for wrap in (False, True):
+        torch.manual_seed(0)
+        out = checkpoint(attend, *inputs, use_reentrant=False) if wrap else attend(*inputs)
+        results.append([out, *torch.autograd.grad(out.square().sum(), [t for t in inputs if t is not None])])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_model_trains_with_triton_attention_dropout():
+    """The model passes its attention dropout to the backend in training mode only."""
+    from debertakit.config import DebertaConfig
+    from debertakit.model.backbone import DebertaModel
+
+    cfg = DebertaConfig.preset(
+        "tiny-v3", hidden_size=32, num_heads=2, num_layers=1, hidden_dropout=0.0, attention_dropout=0.3,
+        attention_backend="triton",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = DebertaModel(cfg).to(DEVICE)
+    ids = torch.randint(4, cfg.vocab_size, (2, 21), device=DEVICE)
+    evaluated = model.eval()(input_ids=ids).last_hidden_state
+    model.train()
+    runs = []
+    for seed in (1, 1):
+        torch.manual_seed(seed)
+        runs.append(model(input_ids=ids).last_hidden_state)
+    assert torch.equal(runs[0], runs[1]) and not torch.allclose(runs[0], evaluated)
+    runs[0].sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def _compile_for_gpu(*args: str) -> None:
     import subprocess
     import sys
@@ -332,6 +518,20 @@ def _compile_for_gpu(*args: str) -> None:
     done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "compiled" in done.stdout
+
+
+def test_gpu_tiles_are_the_static_reports_choice():
+    """`GPU_TILES` / `DROPOUT_TILES` hold what the committed static report chose (no hand edits in between)."""
+    import json
+    from pathlib import Path
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "triton_static.json"
+    chosen = json.loads(report.read_text())["chosen"]
+    for name in triton_backend.KERNEL_NAMES:
+        for head_dim in (64, 128):
+            for use, dropout in (("inference", False), ("dropout", True)):
+                tiles = triton_backend.tiles_for(torch.device("cuda"), head_dim, name, dropout)
+                assert str(tiles) == chosen[f"{name} d{head_dim} {use}"], (name, head_dim, use)
 
 
 def test_kernels_compile_for_sm90():
@@ -413,16 +613,14 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     """The `tiles` section times the triton backend once per tile shape, with that shape in force."""
     import json
 
-    from debertakit.attention import triton_backend
-
     out = tmp_path / "tiles.json"
     args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x16w4s1", "16x32w4s1"]
     bench = _benchmark_module()
     seen = []
     real = triton_backend.tiles_for
 
-    def spy(device, head_dim, kernel):
-        seen.append(real(device, head_dim, kernel))
+    def spy(device, head_dim, kernel, dropout=False):
+        seen.append(real(device, head_dim, kernel, dropout))
         return seen[-1]
 
     triton_backend.tiles_for = spy
@@ -437,6 +635,20 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     assert not triton_backend.TILE_OVERRIDES  # restored
     with pytest.raises(SystemExit, match="bad tile spec"):
         bench.parse_tiles("64x32")
+
+
+def test_gpu_benchmark_dropout_section_rows(tmp_path):
+    """The `dropout` section times the backends that have dropout, with it on (sdpa as the ceiling)."""
+    import json
+
+    out = tmp_path / "dropout.json"
+    args = ["--smoke", "--sections", "dropout", "--lengths", "16", "--dropout", "0.2", "--out", str(out)]
+    assert _benchmark_module().main(args) == 0
+    rows = json.loads(out.read_text())["rows"]
+    impls = {r["impl"] for r in rows}
+    assert {"triton +dropout 0.2", "eager +dropout 0.2", "sdpa (no position terms) +dropout 0.2"} <= impls
+    assert not any(r["impl"].startswith("flex") for r in rows)  # flex has no dropout: not timed
+    assert all(r["section"] == "dropout" and "fwd_bwd_ms" in r for r in rows)
 
 
 @pytest.mark.slow
