@@ -10,12 +10,14 @@ Sections (all bfloat16 on one CUDA device):
    attention backend that can run the shape (``triton``, ``eager``, and ``chunked`` / ``flex`` where present),
    PyTorch's ``scaled_dot_product_attention`` on the same shapes without position terms (the ceiling),
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
-   runs the q/k/v and position projections: its time includes them).
+   runs the q/k/v and position projections: its time includes them). ``triton skew-forward`` is ``triton`` with
+   `triton_backend.FORWARD_POSITIONS` = "skew": the forward's near band computed from the position tables inside
+   the kernel instead of gathered from N×R products (the backward is the same); the two rows decide the default.
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
    (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``).
-   ``long``: batch 1 at N = 16384, 32768, 65536 (``triton`` and the sdpa ceiling): it must run, and its peak
+   ``long``: batch 1 at N = 16384, 32768, 65536 (both ``triton`` rows and the sdpa ceiling): it must run, and its peak
    memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
    ``dropout``: the ``attention`` rows in training with dropout ``--dropout`` (0.1, the released models'
    value) on the probabilities, for the backends that have it (``triton`` draws the mask inside its kernels)
@@ -172,6 +174,8 @@ def _attention_rows(
             ]
 
         candidates[name] = (run, leaves, grad)
+    if "triton" in candidates and dropout_p == 0:
+        candidates["triton skew-forward"] = (_skew_forward(candidates["triton"][0]), leaves, grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
     candidates["sdpa (no position terms)"] = sdpa
     fd = _flashdeberta(q, k, v, pos_q, pos_k, scale) if dropout_p == 0 else None
@@ -220,16 +224,18 @@ def long_section(args, device: str, dtype) -> list[dict]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
-            for row in _attention_rows(args, n, device, dtype, only=("triton", "sdpa (no position terms)")):
+            only = ("triton", "triton skew-forward", "sdpa (no position terms)")
+            for row in _attention_rows(args, n, device, dtype, only=only):
                 row["section"] = "long"
                 rows.append(row)
         finally:
             args.tokens = saved
-    base = [r for r in rows if r["impl"] == "triton" and r.get("fwd_bwd_peak_gib")]
-    for r in base[1:]:  # peak memory per token relative to the shortest length: ~1 when linear
-        r["peak_per_token_vs_shortest"] = round(
-            (r["fwd_bwd_peak_gib"] / r["n"]) / (base[0]["fwd_bwd_peak_gib"] / base[0]["n"]), 3
-        )
+    for impl in TRITON_ROWS:
+        base = [r for r in rows if r["impl"] == impl and r.get("fwd_bwd_peak_gib")]
+        for r in base[1:]:  # peak memory per token relative to the shortest length: ~1 when linear
+            r["peak_per_token_vs_shortest"] = round(
+                (r["fwd_bwd_peak_gib"] / r["n"]) / (base[0]["fwd_bwd_peak_gib"] / base[0]["n"]), 3
+            )
     return rows
 
 
@@ -273,30 +279,36 @@ TARGETS = (
 )
 
 
+TRITON_ROWS = ("triton", "triton skew-forward")
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     """One line per target check on the `attention` and `long` rows."""
     out = []
     att = {(r["impl"], r["n"]): r for r in rows if r["section"] == "attention"}
     for (impl, n), r in sorted(att.items(), key=lambda x: x[0][1]):
-        if impl != "triton":
+        if impl not in TRITON_ROWS:
             continue
         fwd, fb = r.get("fwd_tflops"), r.get("fwd_bwd_tflops")
         sdpa = att.get(("sdpa (no position terms)", n), {})
         if n >= 2048 or n == 512:
             want = 100 if n >= 2048 else 60
-            out.append(f"N={n}: forward {fwd} TFLOP/s (target >= {want}): {_ok(fwd, want)}")
+            out.append(f"{impl} N={n}: forward {fwd} TFLOP/s (target >= {want}): {_ok(fwd, want)}")
         if n >= 2048:
-            out.append(f"N={n}: forward+backward {fb} TFLOP/s (target >= 75): {_ok(fb, 75)}")
+            out.append(f"{impl} N={n}: forward+backward {fb} TFLOP/s (target >= 75): {_ok(fb, 75)}")
             for key, label in (("fwd_tflops", "forward"), ("fwd_bwd_tflops", "forward+backward")):
                 if r.get(key) and sdpa.get(key):
                     ratio = r[key] / sdpa[key]
-                    out.append(f"N={n}: {label} {ratio:.0%} of sdpa (target >= 40%): {_ok(ratio, 0.4)}")
+                    out.append(
+                        f"{impl} N={n}: {label} {ratio:.0%} of sdpa (target >= 40%): {_ok(ratio, 0.4)}"
+                    )
     for r in rows:
-        if r["section"] == "long" and r["impl"] == "triton":
+        if r["section"] == "long" and r["impl"] in TRITON_ROWS:
             ran = "fwd_bwd_ms" in r
             lin = r.get("peak_per_token_vs_shortest")
             out.append(
-                f"long N={r['n']} batch 1: {'runs' if ran else 'FAILED: ' + str(r.get('fwd_bwd_error'))}"
+                f"{r['impl']} long N={r['n']} batch 1: "
+                + ("runs" if ran else "FAILED: " + str(r.get("fwd_bwd_error")))
                 + ("" if lin is None else f"; peak memory per token {lin}x that of the shortest length")
             )
     return out
@@ -314,6 +326,21 @@ def _rate(prefix: str, r: dict, flops: float) -> dict:
         f"{prefix}_tflops": round(flops / (r["ms"] * 1e-3) / 1e12, 2),
         f"{prefix}_peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
     }
+
+
+def _skew_forward(run: Callable) -> Callable:
+    """``run`` with the triton forward's near band computed from the position tables (`FORWARD_POSITIONS`)."""
+    from debertakit.attention import triton_backend
+
+    def skewed():
+        saved = triton_backend.FORWARD_POSITIONS
+        triton_backend.FORWARD_POSITIONS = "skew"
+        try:
+            return run()
+        finally:
+            triton_backend.FORWARD_POSITIONS = saved
+
+    return skewed
 
 
 def _flashdeberta(q, k, v, pos_q, pos_k, scale):

@@ -7,14 +7,16 @@ HMMA, global loads (LDG: the near band's gathers are one per element) and instru
 configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
-Philox, which needs registers). The forward is also compiled with no position terms (``plain``): plain attention
-in the same kernel, the control.
+Philox, which needs registers). The forward is also compiled with its near band computed from the position
+tables (``v3+skew``, ``packed+skew``: `triton_backend.FORWARD_POSITIONS` = "skew") and with no position terms
+(``plain``): plain attention in the same kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
-it) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
-then the largest tile, then the longer side along the kernel's loop (keys for the forward and dQ, queries for
-dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
-(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
+it; ``skew``, forward only: the two skewed sets) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
+then the largest tile, then the squarer one, then the longer side along the kernel's loop (keys for the forward
+and dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
+(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed forward
+`triton_backend.SKEW_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
 
 Usage::
 
@@ -37,18 +39,35 @@ sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "triton_static"
 _SETS = {
-    "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False),
-    "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
-    "worst": dict(IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True),
+    "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False, SKEW=False),
+    "packed": dict(
+        IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, SKEW=False
+    ),
+    "worst": dict(
+        IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, SKEW=False
+    ),
 }
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
+    **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
     "plain": dict(
-        IJ=True, HAS_ROW=False, HAS_COL=False, HAS_SEG=False, HAS_KMASK=False, CAUSAL=False, DROPOUT=False
+        IJ=True,
+        HAS_ROW=False,
+        HAS_COL=False,
+        HAS_SEG=False,
+        HAS_KMASK=False,
+        CAUSAL=False,
+        DROPOUT=False,
+        SKEW=False,
     ),
 }
-USES = {"inference": tuple(_SETS), "dropout": tuple(f"{name}+dropout" for name in _SETS)}
+USES = {
+    "inference": tuple(_SETS),
+    "dropout": tuple(f"{name}+dropout" for name in _SETS),
+    "skew": ("v3+skew", "packed+skew"),  # the forward's near band from the position tables (no dropout)
+}
+FORWARD_ONLY = ("plain", "v3+skew", "packed+skew")
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128)
 CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
@@ -86,7 +105,7 @@ def _one(job: tuple) -> dict:
 
 def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
     """Per (kernel, head dim, use): no spills in any feature set of the use; then HGMMA in all of them, the
-    largest tile, the longer side along the kernel's loop, fewer warps."""
+    largest tile, the squarer tile, the longer side along the kernel's loop, fewer warps."""
     by_cfg: dict[tuple, list[dict]] = {}
     for r in rows:
         for use, sets in USES.items():
@@ -99,10 +118,11 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
         hgmma = all(r["ops"]["HGMMA"] > 0 for r in rs)
         m, n = (int(x) for x in tiles.split()[0].split("x"))
         warps = int(tiles.split()[1][1:])
-        # among equal areas the longer side along the kernel's loop: fewer online-softmax rescales per key
-        # (forward, dQ loop over key blocks), fewer passes over the owned block's state (dK/dV: query blocks)
+        # among equal areas the squarer tile: a program re-reads the streamed side once per block it owns (1/owned)
+        # and pays per-tile overheads such as the online-softmax rescale once per streamed block (1/streamed),
+        # so m + n is what to minimise; then the longer side along the kernel's loop
         inner = m if kernel == "_dkv_kernel" else n
-        key = (hgmma, m * n, inner, -warps)
+        key = (hgmma, m * n, -(m + n), inner, -warps)
         if (kernel, hd, use) not in best or key > best[(kernel, hd, use)][0]:
             best[(kernel, hd, use)] = (key, tiles)
     return {k: v[1] for k, v in best.items()}
@@ -144,7 +164,7 @@ def main(argv=None) -> int:
         for hd in args.head_dims
         for cand in CANDIDATES
         for feature in FEATURES
-        if feature != "plain" or kernel == "_fwd_kernel"
+        if feature not in FORWARD_ONLY or kernel == "_fwd_kernel"
     ]
     try:
         from tqdm import tqdm
@@ -185,7 +205,7 @@ def main(argv=None) -> int:
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
         "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
         "the sets without dropout; dropout: the `+dropout` sets): no spills in any set of the use; then HGMMA in",
-        "all, the largest tile, the longer side along the kernel's loop, fewer warps.",
+        "all, the largest tile, the squarer tile, the longer side along the kernel's loop, fewer warps.",
         "",
         "Chosen:",
         "",

@@ -20,9 +20,9 @@ from pathlib import Path
 
 INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI", "Q_LO", "Q_HI"}
 F32_POINTERS = {"ROW", "COL", "LSE", "DELTA", "DQ", "DK", "DV", "DQ_DIST", "DK_DIST"}
-INTS = {"H", "NQ", "NK", "R", "SAT", "DROP_T"}
+INTS = {"H", "NQ", "NK", "R", "SAT", "TR", "DROP_T"}
 FLOATS = {"scale", "drop_scale"}
-FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT")
+FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW")
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
 
 
@@ -87,6 +87,8 @@ def compile_kernel(
 
     prec = 1 if dtype == "fp32" else 0
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, **flags)
+    constexprs["WT"] = 2 * max(tiles.block_m, tiles.block_n)  # the skewed forward's table block (see kernels)
+    constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     src = ASTSource(fn, signature(fn, dtype, constexprs), constexprs=constexprs)
     options = dict(num_warps=tiles.warps, num_stages=tiles.stages)
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)

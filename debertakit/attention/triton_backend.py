@@ -74,9 +74,19 @@ DROPOUT_TILES = {
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
+# How the forward gets the near band's position terms: "tables" gathers them from the precomputed N×R products;
+# "skew" computes them inside the kernel from the position tables (no N×R table in memory; see `triton_kernels`),
+# only at distance i - j, without p2p, without dropout and at head dims up to 64 (otherwise every tile of the
+# static report spills), with tables in the inputs' dtype; other calls use "tables". Which is faster is for a
+# GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and "triton skew-forward") in one run.
+# SKEW_TILES: its forward tiles, from the static report.
+FORWARD_POSITIONS = "tables"
+SKEW_TILES = {64: Tiles(32, 32, 8, 2)}
 
 
-def tiles_for(device: torch.device, head_dim: int, kernel: str, dropout: bool = False) -> Tiles:
+def tiles_for(
+    device: torch.device, head_dim: int, kernel: str, dropout: bool = False, skew: bool = False
+) -> Tiles:
     """Tiles of one kernel: the benchmark's override if set; small tiles under the interpreter (so short test
     inputs cross tile edges and the saturation); on GPU the tables above."""
     if kernel in TILE_OVERRIDES:
@@ -84,6 +94,8 @@ def tiles_for(device: torch.device, head_dim: int, kernel: str, dropout: bool = 
     if device.type != "cuda":
         return Tiles(16, 16, 1, 1)
     width = 64 if head_dim <= 64 else 128
+    if skew and kernel == "_fwd_kernel":
+        return SKEW_TILES[width]
     if dropout and kernel in DROPOUT_TILES[width]:
         return DROPOUT_TILES[width][kernel]
     return GPU_TILES[width][kernel]
@@ -91,6 +103,22 @@ def tiles_for(device: torch.device, head_dim: int, kernel: str, dropout: bool = 
 
 def _launch(t: Tiles) -> dict:
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
+
+
+def _uses_skew(
+    q: Tensor, pos_q: Tensor | None, pos_k: Tensor | None, ij: bool, p2p: bool, dropout: bool
+) -> bool:
+    """Whether the forward computes the near band's terms from the position tables (`FORWARD_POSITIONS`):
+    distance i - j, no p2p, no dropout, head dim up to 64, tables in the inputs' dtype (the products run on the
+    tensor cores in that dtype)."""
+    if FORWARD_POSITIONS not in ("tables", "skew"):
+        raise ValueError(
+            f"triton_backend.FORWARD_POSITIONS must be 'tables' or 'skew', got {FORWARD_POSITIONS!r}"
+        )
+    tables = [t for t in (pos_q, pos_k) if t is not None]
+    same_dtype = bool(tables) and all(t.dtype == q.dtype for t in tables)
+    small = q.shape[-1] <= max(SKEW_TILES)
+    return FORWARD_POSITIONS == "skew" and ij and not p2p and not dropout and small and same_dtype
 
 
 def _flags(
@@ -117,8 +145,13 @@ def _tables(
     c2p: bool,
     p2c: bool,
     p2p: bool,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """ROW = (Q·Krᵀ + p2p) · scale (B, H, Nq, R) and COL = K·Qrᵀ · scale (B, H, Nk, R), float32 (Algorithm 1)."""
+    """ROW = (Q·Krᵀ + p2p) · scale (B, H, Nq, R) and COL = K·Qrᵀ · scale (B, H, Nk, R), float32 (Algorithm 1);
+    with ``rows``, only those rows of the tables (the skewed forward needs the two saturated ends)."""
+    if rows is not None:
+        pos_q = None if pos_q is None else pos_q[:, rows]
+        pos_k = None if pos_k is None else pos_k[:, rows]
     row = col = None
     if c2p:
         row = torch.matmul(q.float(), pos_k.float().transpose(-1, -2)) * scale
@@ -185,20 +218,25 @@ def _fwd_op(
     with torch.autocast(q.device.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)
+        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0)
+        ends = lut[[0, -1]].long() if skew else None  # the skewed forward's near band needs no table
+        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p, rows=ends)
         R = _table_rows(row, col)
+        table = pos_k if pos_k is not None else pos_q
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
-        t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0)
+        t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0, skew)
         dummy = _dummy(q.device)
         grid = (triton_cdiv(NQ, t.block_m), B * H)
         _kernels()._fwd_kernel[grid](
             q, k, v,
             row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
+            pos_q if skew and pos_q is not None else q, pos_k if skew and pos_k is not None else q,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
             k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
-            H, NQ, NK, R, sat, scale, **_dropout_args(seed, drop_t),
+            H, NQ, NK, R, sat, table.shape[1] if table is not None else 1, scale, **_dropout_args(seed, drop_t),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
+            SKEW=skew, WT=2 * max(t.block_m, t.block_n),
         )  # fmt: skip
     return out, lse
 

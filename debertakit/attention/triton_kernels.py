@@ -14,6 +14,14 @@ Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is
 query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
 Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
 
+``SKEW`` (constexpr, forward at distance ``i - j``): the near band's position terms come from the position tables
+themselves instead of ROW / COL, so no N×R table is written or read. A near tile's distances ``i - j`` are the
+``BLOCK_M + BLOCK_N - 1`` consecutive values from ``start_m - start_n - BLOCK_N + 1``: their table rows
+``Kr[idx]`` / ``Qr[idx]`` (a (WT, d) block, WT = 2·max(BLOCK_M, BLOCK_N)) give ``Q·Krᵀ`` (BLOCK_M, WT) and
+``Qr·Kᵀ`` (WT, BLOCK_N) on the tensor cores, and pair (i, j) reads column / row ``(i - start_m) - (j - start_n)
++ BLOCK_N - 1`` of them (``tl.gather``: a skewed read of a tile in registers). ROW / COL then hold only the two
+saturated values per query row / key column, (N, 2), for the far tiles.
+
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
 `Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
 indices alone; otherwise positions are loaded per block and the classification uses their min / max.
@@ -101,11 +109,41 @@ def _visible(
 
 
 @triton.jit
+def _skew_terms(
+    q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WT: tl.constexpr,
+    HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """c2p + p2c (BLOCK_M, BLOCK_N) of a near tile at distance i - j, scaled, from the position tables (see the
+    module docstring): two small matmuls against the WT table rows of the tile's distances, read skewed."""
+    base = start_m - start_n - (BLOCK_N - 1)  # the tile's smallest distance
+    rows = tl.load(LUT + (tl.minimum(tl.maximum(base + tl.arange(0, WT), -SAT), SAT) + SAT))  # (WT,)
+    table = rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]  # (WT, D) offsets of those rows
+    # the column of pair (i, j) in the (.., WT) products: its distance minus the tile's smallest
+    skew = tl.arange(0, BLOCK_M)[:, None] - tl.arange(0, BLOCK_N)[None, :] + (BLOCK_N - 1)
+    terms = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if HAS_ROW:  # c2p(i, j) = q_i · Kr[idx(i - j)]
+        terms += tl.gather(_mm(q, tl.trans(tl.load(PK + table)), PREC), skew, 1)
+    if HAS_COL:  # p2c(i, j) = k_j · Qr[idx(i - j)]
+        terms += tl.gather(_mm(tl.load(PQ + table), tl.trans(k), PREC), skew, 0)
+    return terms * scale
+
+
+@triton.jit
+def _far_col(COL, LUT, offs_n, n_in, R, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
+    """COL's saturated value per key column (the left or right end of the table)."""
+    if SKEW:  # COL holds only the two ends, (Nk, 2)
+        return tl.load(COL + (offs_n * 2 + RIGHT), mask=n_in, other=0.0)
+    return tl.load(COL + (offs_n * R + tl.load(LUT + RIGHT * 2 * SAT)), mask=n_in, other=0.0)
+
+
+@triton.jit
 def _tile(
     q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
+    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr,
 ):  # fmt: skip
     """Scores (BLOCK_M, BLOCK_N) float32 of one tile, -inf where hidden; the visibility mask; the key positions;
     whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
@@ -120,12 +158,17 @@ def _tile(
             if HAS_ROW:
                 s += row_r[:, None]
             if HAS_COL:
-                s += tl.load(COL + offs_n * R + tl.load(LUT + 2 * SAT), mask=n_in, other=0.0)[None, :]
+                s += _far_col(COL, LUT, offs_n, n_in, R, SAT, 1, SKEW)[None, :]
         elif far_left:
             if HAS_ROW:
                 s += row_l[:, None]
             if HAS_COL:
-                s += tl.load(COL + offs_n * R + tl.load(LUT), mask=n_in, other=0.0)[None, :]
+                s += _far_col(COL, LUT, offs_n, n_in, R, SAT, 0, SKEW)[None, :]
+        elif SKEW:
+            s += _skew_terms(
+                q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, WT, HAS_ROW, HAS_COL, PREC,
+            )  # fmt: skip
         else:
             # the near band: gather through the lookup table (distances built here only, not kept live)
             delta = qpos[:, None] - kpos[None, :]
@@ -200,7 +243,7 @@ def _table_grad(
 def _query_block(
     Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr,
-    IJ: tl.constexpr,
+    IJ: tl.constexpr, SKEW: tl.constexpr = False,
 ):  # fmt: skip
     """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -216,7 +259,10 @@ def _query_block(
         qseg = qpos
     row_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if HAS_ROW:
+    if HAS_ROW and SKEW:  # ROW holds only the two ends, (Nq, 2)
+        row_l = tl.load(ROW + offs_m * 2, mask=m_in, other=0.0)
+        row_r = tl.load(ROW + (offs_m * 2 + 1), mask=m_in, other=0.0)
+    elif HAS_ROW:
         # the two saturated rows of the table, once per query block (far tiles need nothing else)
         row_l = tl.load(ROW + (offs_m * R + tl.load(LUT)), mask=m_in, other=0.0)
         row_r = tl.load(ROW + (offs_m * R + tl.load(LUT + 2 * SAT)), mask=m_in, other=0.0)
@@ -231,6 +277,8 @@ def _fwd_kernel(
     ROW,
     COL,
     LUT,
+    PQ,
+    PK,
     QPOS,
     KPOS,
     QSEG,
@@ -245,6 +293,7 @@ def _fwd_kernel(
     NK,
     R,
     SAT,
+    TR,
     scale,
     seed,
     DROP_T,
@@ -260,6 +309,8 @@ def _fwd_kernel(
     PREC: tl.constexpr,
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
+    SKEW: tl.constexpr,
+    WT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -281,9 +332,11 @@ def _fwd_kernel(
     KPOS += b * NK
     KSEG += b * NK
     KMASK += b * NK
+    PQ += (bh % H) * TR * HEAD_DIM  # this head's (TR, D) position tables
+    PK += (bh % H) * TR * HEAD_DIM
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
@@ -301,8 +354,8 @@ def _fwd_kernel(
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -414,8 +467,8 @@ def _dq_kernel(
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, ROW, COL,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, False, HEAD_DIM, 1,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
@@ -524,8 +577,8 @@ def _dkv_kernel(
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, pid_n * BLOCK_N,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, ROW, COL,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, False, HEAD_DIM, 1,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])
         dp = _mm(do, tl.trans(v), PREC)

@@ -31,12 +31,14 @@ def configurations(everything: bool):
     if not everything:
         for head_dim in (64, 128):
             for dropout in (False, True):
-                every = dict(dict.fromkeys(FLAGS, True), DROPOUT=dropout)
+                every = dict(dict.fromkeys(FLAGS, True), DROPOUT=dropout, SKEW=False)
                 yield "bf16", head_dim, every, 90
                 yield "bf16", head_dim, dict(every, IJ=False), 90
+            if head_dim <= 64:  # the skewed forward (head dims up to 64)
+                yield "bf16", head_dim, dict(every, DROPOUT=False, SKEW=True), 90
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
-    flag_sets = flag_sets[::8] + flag_sets[-1:]  # a spread of feature combinations, plus all of them on
+    flag_sets = flag_sets[::32] + flag_sets[-1:]  # a spread of feature combinations, plus all of them on
     for dtype, head_dim in (("bf16", 64), ("fp16", 128), ("fp32", 32), ("bf16", 16)):
         for flags in flag_sets:
             yield dtype, head_dim, flags, 90
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     n, problems = 0, []
     for dtype, head_dim, flags, capability in configurations(args.all):
         for name in KERNEL_NAMES:
-            tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"])
+            tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
             check = not args.all  # the configured tiles at the default: read the cubin too
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
             n += 1

@@ -358,6 +358,71 @@ def test_model_with_triton_backend_matches_eager():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+# ----------------------------------------------------------------------------------------- skewed forward
+SKEW_GRID = [
+    name for name, c in GRID.items() if c.q_offset is None and c.terms.any and not c.terms.p2p and c.dim <= 64
+]
+SKEW_HALF = ["n70_saturating", "packed_causal", "padding", "cross_nq_gt_nk", "d64_heads2"]
+
+
+def _skewed(monkeypatch, mode: str = "skew") -> None:
+    monkeypatch.setattr(triton_backend, "FORWARD_POSITIONS", mode)
+
+
+@pytest.mark.parametrize("name", SKEW_GRID)
+def test_skewed_forward_matches_eager_float32(monkeypatch, name):
+    """The forward with its near band computed from the position tables (no N×R table), against eager: outputs
+    and (through the forward's log-sum-exp) every gradient."""
+    _skewed(monkeypatch)
+    c = GRID[name]
+    q, _, _, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
+    assert triton_backend._uses_skew(
+        q, pos_q, pos_k, _geometry(c, DEVICE).distance_is_i_minus_j(), False, False
+    )
+    _compare(c, torch.float32, DEVICE)
+
+
+@pytest.mark.parametrize("name", SKEW_HALF)
+def test_skewed_forward_matches_eager_bfloat16(monkeypatch, name):
+    _skewed(monkeypatch)
+    _compare(GRID[name], torch.bfloat16, DEVICE)
+
+
+@pytest.mark.parametrize("name", ["n70_saturating", "packed_causal"])
+def test_skewed_and_table_forwards_agree(monkeypatch, name):
+    """Both forwards compute the same function by different roads (they differ in the last bits, which shows
+    the skewed road was taken)."""
+    c = GRID[name]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    outs = {}
+    for mode in ("tables", "skew"):
+        _skewed(monkeypatch, mode)
+        outs[mode] = _run(triton_attention, c, inputs, geom)[0]
+    assert not torch.equal(outs["skew"], outs["tables"])
+    torch.testing.assert_close(outs["skew"], outs["tables"], atol=1e-6, rtol=1e-6)
+
+
+def test_skewed_forward_only_where_it_applies(monkeypatch):
+    q, table = torch.zeros(1, 1, 4, 16), torch.zeros(1, 8, 16)
+    uses = triton_backend._uses_skew
+    _skewed(monkeypatch)
+    assert uses(q, table, table, True, False, False)
+    assert uses(q, None, table, True, False, False)  # c2p only
+    assert not uses(q, table, table, False, False, False)  # explicit positions
+    assert not uses(q, table, table, True, True, False)  # p2p
+    assert not uses(q, table, table, True, False, True)  # dropout
+    assert not uses(q.bfloat16(), table, table, True, False, False)  # float32 tables under bfloat16 inputs
+    assert not uses(q, None, None, True, False, False)  # no position terms
+    wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
+    assert not uses(wide, wide_table, wide_table, True, False, False)  # head dim 128: its tiles spill
+    _skewed(monkeypatch, "tables")
+    assert not uses(q, table, table, True, False, False)
+    _skewed(monkeypatch, "skewed")
+    with pytest.raises(ValueError, match="FORWARD_POSITIONS must be 'tables' or 'skew', got 'skewed'"):
+        uses(q, table, table, True, False, False)
+
+
 # ------------------------------------------------------------------------------------------------- dropout
 DROPOUT_GRID = [
     "n70_saturating",
@@ -521,7 +586,8 @@ def _compile_for_gpu(*args: str) -> None:
 
 
 def test_gpu_tiles_are_the_static_reports_choice():
-    """`GPU_TILES` / `DROPOUT_TILES` hold what the committed static report chose (no hand edits in between)."""
+    """`GPU_TILES`, `DROPOUT_TILES` and `SKEW_TILES` hold what the committed static report chose (no hand edits
+    in between)."""
     import json
     from pathlib import Path
 
@@ -529,9 +595,16 @@ def test_gpu_tiles_are_the_static_reports_choice():
     chosen = json.loads(report.read_text())["chosen"]
     for name in triton_backend.KERNEL_NAMES:
         for head_dim in (64, 128):
-            for use, dropout in (("inference", False), ("dropout", True)):
-                tiles = triton_backend.tiles_for(torch.device("cuda"), head_dim, name, dropout)
+            for use, dropout, skew in (
+                ("inference", False, False),
+                ("dropout", True, False),
+                ("skew", False, True),
+            ):
+                if use == "skew" and (name != "_fwd_kernel" or head_dim > 64):
+                    continue  # the skewed variant is the forward's, at head dims up to 64 (below)
+                tiles = triton_backend.tiles_for(torch.device("cuda"), head_dim, name, dropout, skew)
                 assert str(tiles) == chosen[f"{name} d{head_dim} {use}"], (name, head_dim, use)
+    assert "_fwd_kernel d128 skew" not in chosen  # every d128 tile spills: the skewed forward stops at d64
 
 
 def test_kernels_compile_for_sm90():
@@ -619,8 +692,8 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     seen = []
     real = triton_backend.tiles_for
 
-    def spy(device, head_dim, kernel, dropout=False):
-        seen.append(real(device, head_dim, kernel, dropout))
+    def spy(*args):
+        seen.append(real(*args))
         return seen[-1]
 
     triton_backend.tiles_for = spy
@@ -661,8 +734,10 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     result = json.loads(out.read_text())
     rows = result["rows"]
     impls = {r["impl"] for r in rows if r["section"] == "attention"}
-    assert {"triton", "eager", "sdpa (no position terms)"} <= impls
-    assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in ("triton", "eager"))
+    assert {"triton", "triton skew-forward", "eager", "sdpa (no position terms)"} <= impls
+    timed = ("triton", "triton skew-forward", "eager")
+    assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in timed)
     long = [r for r in rows if r["section"] == "long" and r["impl"] == "triton"]
     assert [r["batch"] for r in long] == [1, 1] and "peak_per_token_vs_shortest" not in long[0]
-    assert any(v.startswith("long N=32 batch 1: runs") for v in result["verdicts"])
+    assert any(v.startswith("triton long N=32 batch 1: runs") for v in result["verdicts"])
+    assert any(v.startswith("triton skew-forward long N=32 batch 1: runs") for v in result["verdicts"])
