@@ -17,8 +17,8 @@ Sections (all bfloat16 on one CUDA device):
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
    (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``).
-   ``long``: batch 1 at N = 16384, 32768, 65536 (both ``triton`` rows and the sdpa ceiling): it must run, and its peak
-   memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
+   ``long``: batch 1 at N = 16384, 32768, 65536 (both ``triton`` rows and the sdpa ceiling): it must run, and
+   its peak memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
    ``dropout``: the ``attention`` rows in training with dropout ``--dropout`` (0.1, the released models'
    value) on the probabilities, for the backends that have it (``triton`` draws the mask inside its kernels)
    and ``scaled_dot_product_attention`` with the same dropout.
@@ -169,9 +169,8 @@ def _attention_rows(
             continue
 
         def run(fn=backend.fn):
-            return fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms, dropout_p=dropout_p)[
-                0
-            ]
+            out, _ = fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms, dropout_p=dropout_p)
+            return out
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates and dropout_p == 0:
