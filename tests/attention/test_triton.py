@@ -650,6 +650,33 @@ def test_matches_eager_gpu(name, dtype):
     _compare(GPU_GRID[name], dtype, "cuda")
 
 
+GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None and c.dim <= 64]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal", "v1_d128", "v3_cross"])
+def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
+    """Compiled kernels at real sizes and their tiles (which differ per kernel): the mask the forward draws is
+    the one the backward redraws."""
+    c = GPU_GRID[name]
+    seeds = _record_seeds(monkeypatch)
+    geom = _geometry(c, "cuda")
+    inputs = _inputs(c, dtype, "cuda")
+    got = _run(triton_attention, c, inputs, geom, dropout_p=0.1)
+    keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, 0.1, "cuda")
+    want = _eager_with_mask(c, inputs, geom, keep, 0.1)
+    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
+def test_skewed_forward_matches_eager_gpu(monkeypatch, name, dtype):
+    _skewed(monkeypatch)
+    _compare(GPU_GRID[name], dtype, "cuda")
+
+
 @pytest.mark.gpu
 def test_long_sequence_runs_gpu():
     """N = 65536 at batch 1 (v3 shape, bf16): forward and backward run, memory stays linear in N."""
