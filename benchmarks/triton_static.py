@@ -8,8 +8,9 @@ configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + 
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
 Philox, which needs registers). The forward is also compiled with its near band computed from the position
-tables (``v3+skew``, ``packed+skew``: `triton_backend.FORWARD_POSITIONS` = "skew") and with no position terms
-(``plain``): plain attention in the same kernel, the control.
+tables (``v3+skew``, ``packed+skew``: `triton_backend.FORWARD_POSITIONS` = "skew"; ``v3+skew+dropout``, which
+the backend does not build, records why) and with no position terms (``plain``): plain attention in the same
+kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
 it; ``skew``, forward only: the two skewed sets) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
@@ -51,6 +52,8 @@ FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
     **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
+    # not built by the backend (no use below): the record of why the skewed forward has no dropout
+    "v3+skew+dropout": dict(_SETS["v3"], DROPOUT=True, SKEW=True),
     "plain": dict(
         IJ=True,
         HAS_ROW=False,
@@ -67,7 +70,7 @@ USES = {
     "dropout": tuple(f"{name}+dropout" for name in _SETS),
     "skew": ("v3+skew", "packed+skew"),  # the forward's near band from the position tables (no dropout)
 }
-FORWARD_ONLY = ("plain", "v3+skew", "packed+skew")
+FORWARD_ONLY = ("plain", "v3+skew", "packed+skew", "v3+skew+dropout")
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128)
 CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [

@@ -34,6 +34,8 @@ def rounded_p(p: float) -> float:
 def _check_p(p: float) -> None:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if round(p * _LEVELS) == _LEVELS:  # would drop everything and scale the rest by 1 / 0
+        raise ValueError(f"dropout probability {p} rounds to 1 at 16-bit resolution; expected p < 1 - 2**-17")
 
 
 def keep_mask(

@@ -76,10 +76,10 @@ DROPOUT_TILES = {
 TILE_OVERRIDES: dict[str, Tiles] = {}
 # How the forward gets the near band's position terms: "tables" gathers them from the precomputed N×R products;
 # "skew" computes them inside the kernel from the position tables (no N×R table in memory; see `triton_kernels`),
-# only at distance i - j, without p2p, without dropout and at head dims up to 64 (otherwise every tile of the
-# static report spills), with tables in the inputs' dtype; other calls use "tables". Which is faster is for a
-# GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and "triton skew-forward") in one run.
-# SKEW_TILES: its forward tiles, from the static report.
+# only at distance i - j, without p2p, without dropout (Triton 3.9 does not compile it with dropout) and at head
+# dims up to 64 (at 128 every tile of the static report spills), with tables in the inputs' dtype; other calls
+# use "tables". Which is faster is for a GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and
+# "triton skew-forward") in one run. SKEW_TILES: its forward tiles, from the static report.
 FORWARD_POSITIONS = "tables"
 SKEW_TILES = {64: Tiles(32, 32, 8, 2)}
 
@@ -219,7 +219,8 @@ def _fwd_op(
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0)
-        ends = lut[[0, -1]].long() if skew else None  # the skewed forward's near band needs no table
+        # the skewed forward's near band needs no table: only its two ends (first and last LUT entry)
+        ends = lut[:: lut.numel() - 1].long() if skew else None
         row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p, rows=ends)
         R = _table_rows(row, col)
         table = pos_k if pos_k is not None else pos_q
@@ -558,7 +559,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: fl
     tests and inspection. It depends only on (seed, b·H + h, i, j), not on tiles."""
     out = torch.empty((batch * heads, nq, nk), dtype=torch.uint8, device=device)
     t = Tiles(16, 16, 1, 1) if torch.device(device).type != "cuda" else Tiles(64, 64, 4, 1)
-    grid = (triton_cdiv(nq, t.block_m), triton_cdiv(nk, t.block_n), batch * heads)
+    grid = (batch * heads, triton_cdiv(nq, t.block_m), triton_cdiv(nk, t.block_n))
     _kernels()._keep_mask_kernel[grid](
         out, seed, nq, nk, drop_threshold(p), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps
     )

@@ -201,15 +201,16 @@ def _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit(do_not_specialize=["seed", "DROP_T"])
 def _keep_mask_kernel(OUT, seed, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The dropout mask of one (b, h) as uint8 (B·H, NQ, NK): what the attention kernels draw, for tests."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    start_n = tl.program_id(1) * BLOCK_N
+    """The dropout mask as uint8 (B·H, NQ, NK): what the attention kernels draw, for tests and inspection.
+    Grid (B·H, query blocks, key blocks); 64-bit offsets (NQ·NK may pass 2**31)."""
+    bh = tl.program_id(0)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_n = tl.program_id(2) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    bh = tl.program_id(2)
     keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
     inside = (offs_m[:, None] < NQ) & (offs_n[None, :] < NK)
     OUT += (bh * NQ).to(tl.int64) * NK
-    tl.store(OUT + (offs_m[:, None] * NK + offs_n[None, :]), keep.to(tl.uint8), mask=inside)
+    tl.store(OUT + (offs_m.to(tl.int64)[:, None] * NK + offs_n[None, :]), keep.to(tl.uint8), mask=inside)
 
 
 @triton.jit

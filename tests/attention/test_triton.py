@@ -235,16 +235,15 @@ def test_repeated_explicit_positions_are_refused():
 
 
 def test_torch_compile_with_dropout_draws_what_eager_draws():
-    """Under torch.compile the seed is drawn inside the graph from the same CPU generator: the same torch seed
-    gives the uncompiled call's output and gradients."""
+    """Under torch.compile (aot_eager) the seed is drawn inside the graph from the same CPU generator: the same
+    torch seed gives the uncompiled call's output and gradients, and the next call draws a new mask."""
     c = GRID["packed_causal"]
     geom = _geometry(c, DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
 
     def fn(q, k, v, pos_q, pos_k):
-        return triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)[
-            0
-        ]
+        out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)
+        return out
 
     results = []
     for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
@@ -255,6 +254,29 @@ def test_torch_compile_with_dropout_draws_what_eager_draws():
     assert not torch.allclose(results[1][0], plain)  # dropout was applied
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    # no reseed: the compiled call draws a new seed (it is not baked in as a constant)
+    again = torch.compile(fn, backend="aot_eager", fullgraph=True)(*inputs)
+    assert not torch.equal(again, results[1][0])
+
+
+def test_torch_compile_inductor_with_dropout_is_seeded():
+    """Inductor lowers the seed's draw with its own random numbers (not eager's), so a compiled run is
+    reproducible under torch.manual_seed and redraws per call, but does not repeat an eager run's masks."""
+    c = GRID["packed_causal"]
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+
+    def fn(q, k, v, pos_q, pos_k):
+        out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)
+        return out
+
+    compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+    outs = []
+    for seed in (5, 5, None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        outs.append(compiled(*inputs))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
 
 
 def test_torch_compile_custom_op_forward_and_backward():
@@ -369,23 +391,25 @@ def _skewed(monkeypatch, mode: str = "skew") -> None:
     monkeypatch.setattr(triton_backend, "FORWARD_POSITIONS", mode)
 
 
+def _compare_skewed(monkeypatch, c: Case, dtype: torch.dtype, device: str) -> None:
+    """`_compare` with the skewed forward, after checking that the call takes it."""
+    _skewed(monkeypatch)
+    q, _, _, pos_q, pos_k = _inputs(c, dtype, device)
+    ij = _geometry(c, device).distance_is_i_minus_j()
+    assert triton_backend._uses_skew(q, pos_q, pos_k, ij, c.terms.p2p, False)
+    _compare(c, dtype, device)
+
+
 @pytest.mark.parametrize("name", SKEW_GRID)
 def test_skewed_forward_matches_eager_float32(monkeypatch, name):
     """The forward with its near band computed from the position tables (no N×R table), against eager: outputs
     and (through the forward's log-sum-exp) every gradient."""
-    _skewed(monkeypatch)
-    c = GRID[name]
-    q, _, _, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
-    assert triton_backend._uses_skew(
-        q, pos_q, pos_k, _geometry(c, DEVICE).distance_is_i_minus_j(), False, False
-    )
-    _compare(c, torch.float32, DEVICE)
+    _compare_skewed(monkeypatch, GRID[name], torch.float32, DEVICE)
 
 
 @pytest.mark.parametrize("name", SKEW_HALF)
 def test_skewed_forward_matches_eager_bfloat16(monkeypatch, name):
-    _skewed(monkeypatch)
-    _compare(GRID[name], torch.bfloat16, DEVICE)
+    _compare_skewed(monkeypatch, GRID[name], torch.bfloat16, DEVICE)
 
 
 @pytest.mark.parametrize("name", ["n70_saturating", "packed_causal"])
@@ -507,6 +531,8 @@ def test_dropout_mask_statistics():
     assert (per_head - (1 - p)).abs().max() < 0.02
     per_lane = keep.view(2, 3, 96, 20, 8).mean((0, 1, 2, 3))  # column j % 8 within its Philox group
     assert (per_lane - (1 - p)).abs().max() < 0.02
+    per_row = keep.mean((0, 1, 3))  # 960 draws a row: 5 standard deviations is 0.048
+    assert (per_row - (1 - p)).abs().max() < 0.05
     assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
     again = dropout_keep_mask((1 << 62) + 7, 2, 3, 96, 160, p, DEVICE).float()
     other = dropout_keep_mask((1 << 62) + 8, 2, 3, 96, 160, p, DEVICE).float()
@@ -673,8 +699,7 @@ def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
 def test_skewed_forward_matches_eager_gpu(monkeypatch, name, dtype):
-    _skewed(monkeypatch)
-    _compare(GPU_GRID[name], dtype, "cuda")
+    _compare_skewed(monkeypatch, GPU_GRID[name], dtype, "cuda")
 
 
 @pytest.mark.gpu
