@@ -234,23 +234,28 @@ def test_repeated_explicit_positions_are_refused():
         triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.1, terms=c.terms)
 
 
-def test_torch_compile_with_dropout_draws_what_eager_draws():
-    """Under torch.compile (aot_eager) the seed is drawn inside the graph from the same CPU generator: the same
-    torch seed gives the uncompiled call's output and gradients, and the next call draws a new mask."""
-    c = GRID["packed_causal"]
+def _attention_with_dropout(c: Case):
+    """(inputs, a function of them running `triton_attention` with dropout 0.3): what the compile tests trace."""
     geom = _geometry(c, DEVICE)
-    inputs = _inputs(c, torch.float32, DEVICE)
 
     def fn(q, k, v, pos_q, pos_k):
         out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)
         return out
 
+    return _inputs(c, torch.float32, DEVICE), fn
+
+
+def test_torch_compile_with_dropout_draws_what_eager_draws():
+    """Under torch.compile (aot_eager) the seed is drawn inside the graph from the same CPU generator: the same
+    torch seed gives the uncompiled call's output and gradients, and the next call draws a new mask."""
+    c = GRID["packed_causal"]
+    inputs, fn = _attention_with_dropout(c)
     results = []
     for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
         torch.manual_seed(21)
         out = f(*inputs)
         results.append([out, *torch.autograd.grad(out.square().sum(), inputs)])
-    plain = triton_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)[0]
+    plain = triton_attention(*inputs, c.rel, _geometry(c, DEVICE), scale=0.2, terms=c.terms)[0]
     assert not torch.allclose(results[1][0], plain)  # dropout was applied
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
@@ -262,14 +267,7 @@ def test_torch_compile_with_dropout_draws_what_eager_draws():
 def test_torch_compile_inductor_with_dropout_is_seeded():
     """Inductor lowers the seed's draw with its own random numbers (not eager's), so a compiled run is
     reproducible under torch.manual_seed and redraws per call, but does not repeat an eager run's masks."""
-    c = GRID["packed_causal"]
-    geom = _geometry(c, DEVICE)
-    inputs = _inputs(c, torch.float32, DEVICE)
-
-    def fn(q, k, v, pos_q, pos_k):
-        out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=0.2, terms=c.terms, dropout_p=0.3)
-        return out
-
+    inputs, fn = _attention_with_dropout(GRID["packed_causal"])
     compiled = torch.compile(fn, backend="inductor", fullgraph=True)
     outs = []
     for seed in (5, 5, None):
