@@ -51,6 +51,7 @@ def _kernels():
 
 
 KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, where the kernels put batch × heads
 # Tiles per kernel on CUDA, by head dim (<= 64, 128): for each, the largest that compiles for sm_90 without
 # register spills in every feature set, preferring warpgroup tensor-core (HGMMA) code (`benchmarks/
 # triton_static.py`, table in benchmarks/results/triton_static.md). Not yet tuned by timing: `python
@@ -524,6 +525,11 @@ def triton_attention(
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
             f"{max(D, rows, 2 * sat + 1)} columns is too large"
+        )
+    if B * H > MAX_GRID_Y:
+        raise ValueError(
+            f"the triton backend launches one program row per (batch, head) on the grid's second axis; batch {B} × "
+            f"{H} heads = {B * H} is above its limit {MAX_GRID_Y} (split the batch)"
         )
     out, _ = _fwd_op(
         q.contiguous(),

@@ -225,6 +225,12 @@ def test_loaded_positions_path_matches_index_path(packed):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
+def test_batch_times_heads_above_the_grid_limit_is_refused():
+    q = torch.zeros(triton_backend.MAX_GRID_Y + 1, 1, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="batch 65536 × 1 heads = 65536 is above its limit 65535"):
+        triton_attention(q, q, q, None, None, None, Geometry(), scale=0.25, terms=PositionTerms(False, False))
+
+
 def test_repeated_explicit_positions_are_refused():
     c = Case(n=8)
     geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
