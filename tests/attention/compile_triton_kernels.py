@@ -29,13 +29,14 @@ from debertakit.attention.triton_backend import KERNEL_NAMES, tiles_for  # noqa:
 
 def configurations(everything: bool):
     if not everything:
+        every = dict.fromkeys(FLAGS, True)
         for head_dim in (64, 128):
             for dropout in (False, True):
-                every = dict(dict.fromkeys(FLAGS, True), DROPOUT=dropout, SKEW=False)
-                yield "bf16", head_dim, every, 90
-                yield "bf16", head_dim, dict(every, IJ=False), 90
-            if head_dim <= 64:  # the skewed forward (head dims up to 64)
-                yield "bf16", head_dim, dict(every, DROPOUT=False, SKEW=True), 90
+                flags = dict(every, DROPOUT=dropout, SKEW=False)
+                yield "bf16", head_dim, flags, 90
+                yield "bf16", head_dim, dict(flags, IJ=False), 90
+            if head_dim <= 64:  # the skewed forward (head dims up to 64, no dropout)
+                yield "bf16", head_dim, dict(every, DROPOUT=False), 90
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on

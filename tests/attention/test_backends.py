@@ -20,7 +20,6 @@ import torch
 from debertakit.attention import Geometry, PositionTerms, RelativeIndex, eager_attention, packed_geometry
 from debertakit.attention import chunked as chunked_mod
 from debertakit.attention.chunked import chunked_attention
-from debertakit.attention.eager import score_components
 from debertakit.attention.flex import flex_disentangled_attention
 from debertakit.model.heads import _query_subset
 
@@ -329,14 +328,9 @@ def _reference_with_masks(inputs, terms: str, keep: torch.Tensor, drop_scale: fl
     """eager's probabilities times a given dropout mask, then · v."""
     q, k, v, pos_q, pos_k, rel, geom = inputs
     scale = 1.0 / (q.shape[-1] * 3) ** 0.5
-    parts = score_components(q, k, pos_q, pos_k, rel, geom, scale=scale, terms=TERMS[terms])
-    scores = sum(parts.values())
-    allowed = geom.allowed(q.shape[2], k.shape[2], q.device)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, -1)
-    if allowed is not None:
-        probs = probs * allowed.any(-1, keepdim=True)
+    _, probs = eager_attention(
+        q, k, v, pos_q, pos_k, rel, geom, scale=scale, terms=TERMS[terms], return_probs=True
+    )
     return (probs * keep * drop_scale) @ v
 
 
