@@ -42,9 +42,30 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def check_interpreter(triton_version: str, numpy_version: str) -> None:
+    """Triton's interpreter before 3.7 returns a reduction as a one-element array, and NumPy 2.4 and later refuse
+    to turn that into a loop bound: every call would fail deep inside the interpreter (Triton 3.6.0 fails with
+    NumPy 2.4.0 and runs with 2.3.5; Triton 3.7.1 runs with either). Compiled kernels are not affected."""
+    if _minor(triton_version) < (3, 7) and _minor(numpy_version) >= (2, 4):
+        raise RuntimeError(
+            f"the triton backend under TRITON_INTERPRET=1 needs Triton >= 3.7 or NumPy < 2.4: Triton "
+            f"{triton_version}'s interpreter cannot run its loops with NumPy {numpy_version}"
+        )
+
+
 def _kernels():
     # imported on first use: Triton decides at decoration time whether kernels are compiled or interpreted, so
     # TRITON_INTERPRET only needs to be set before the first call, not before `import debertakit`
+    if interpreter_enabled():
+        import numpy
+        import triton
+
+        check_interpreter(triton.__version__, numpy.__version__)
     from debertakit.attention import triton_kernels
 
     return triton_kernels

@@ -231,6 +231,13 @@ def test_batch_times_heads_above_the_grid_limit_is_refused():
         triton_attention(q, q, q, None, None, None, Geometry(), scale=0.25, terms=PositionTerms(False, False))
 
 
+def test_interpreter_versions_that_cannot_run_the_kernels_are_named():
+    with pytest.raises(RuntimeError, match="needs Triton >= 3.7 or NumPy < 2.4: Triton 3.6.0.*NumPy 2.4.0"):
+        triton_backend.check_interpreter("3.6.0", "2.4.0")
+    for triton_version, numpy_version in (("3.6.0", "2.3.5"), ("3.7.1", "2.5.5"), ("3.10.0+git1", "2.4.6")):
+        triton_backend.check_interpreter(triton_version, numpy_version)
+
+
 def test_repeated_explicit_positions_are_refused():
     c = Case(n=8)
     geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
