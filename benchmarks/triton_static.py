@@ -19,16 +19,25 @@ and dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and us
 (and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed forward
 `triton_backend.SKEW_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
 
+Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
+each PyTorch release pins its own Triton. The report therefore keeps the rows of every Triton version it was run
+with, as long as they were compiled from the current kernel source (a hash of ``triton_kernels.py``; rows of an
+older source are dropped), and a tile qualifies only when it is spill-free under all of them.
+
 Usage::
 
     python benchmarks/triton_static.py                # table + benchmarks/results/triton_static.{json,md}
+    python benchmarks/triton_static.py --no-compile   # choose again from the report's rows (no compiling)
     python benchmarks/triton_static.py --head-dims 64 --kernels _fwd_kernel --no-write
+
+To add a Triton version, run it again in an environment with that version: its rows join the others'.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import sys
@@ -90,7 +99,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-write", action="store_true")
+    p.add_argument(
+        "--no-compile", action="store_true", help="choose again from the report's rows (no compiling)"
+    )
     return p.parse_args(argv)
+
+
+def kernel_source_hash() -> str:
+    """What the rows were compiled from: rows of another kernel source no longer describe the kernels."""
+    return hashlib.sha256((ROOT / "debertakit" / "attention" / "triton_kernels.py").read_bytes()).hexdigest()[
+        :16
+    ]
+
+
+def load_report() -> dict:
+    path = OUT.with_suffix(".json")
+    return json.loads(path.read_text()) if path.exists() else dict(versions={}, rows=[])
+
+
+def current_rows(report: dict, source: str) -> tuple[dict, list[dict]]:
+    """The report's versions and rows compiled from ``source``; those of other sources are dropped, loudly."""
+    versions = {v: e for v, e in report.get("versions", {}).items() if e["source"] == source}
+    for v in sorted(set(report.get("versions", {})) - set(versions)):
+        print(
+            f"dropping the rows of Triton {v}: compiled from another kernel source (run the report with it again)"
+        )
+    return versions, [r for r in report.get("rows", []) if r.get("triton") in versions]
 
 
 def _one(job: tuple) -> dict:
@@ -107,8 +141,10 @@ def _one(job: tuple) -> dict:
 
 
 def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
-    """Per (kernel, head dim, use): no spills in any feature set of the use; then HGMMA in all of them, the
-    largest tile, the squarer tile, the longer side along the kernel's loop, fewer warps."""
+    """Per (kernel, head dim, use): no spills in any feature set of the use under any Triton version of the rows
+    (each version must have compiled it); then HGMMA in all of them, the largest tile, the squarer tile, the
+    longer side along the kernel's loop, fewer warps."""
+    versions = {r["triton"] for r in rows}
     by_cfg: dict[tuple, list[dict]] = {}
     for r in rows:
         for use, sets in USES.items():
@@ -116,7 +152,9 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
                 by_cfg.setdefault((r["kernel"], r["head_dim"], use, r["tiles"]), []).append(r)
     best: dict[tuple[str, int, str], tuple] = {}
     for (kernel, hd, use, tiles), rs in by_cfg.items():
-        if not all("error" not in r and r["stack_bytes"] == 0 for r in rs):
+        if {r["triton"] for r in rs} != versions or not all(
+            "error" not in r and r["stack_bytes"] == 0 for r in rs
+        ):
             continue
         hgmma = all(r["ops"]["HGMMA"] > 0 for r in rs)
         m, n = (int(x) for x in tiles.split()[0].split("x"))
@@ -132,33 +170,29 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
 
 
 def table(rows: list[dict], chosen: dict) -> str:
-    head = (
-        "| kernel | d | tiles | features | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
-    )
-    lines = [head, "|" + "---|" * 11]
+    head = "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         use = next((u for u, sets in USES.items() if r["features"] in sets), None)
         mark = " **←**" if chosen.get((r["kernel"], r["head_dim"], use)) == r["tiles"] else ""
         if "error" in r:
             lines.append(
-                f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | "
+                f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
                 f"{r['error']} |  |  |  |  |  |  |"
             )
             continue
         o = r["ops"]
         lines.append(
-            f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['registers']} | "
+            f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
+            f"{r['registers']} | "
             f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
             f"{r['instructions']} |"
         )
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
-    import torch
+def compile_rows(args: argparse.Namespace) -> list[dict]:
+    """Every (kernel, head dim, candidate tile, feature set) compiled with the installed Triton."""
     import triton
 
     jobs = [
@@ -178,37 +212,35 @@ def main(argv=None) -> int:
 
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(tqdm(pool.map(_one, jobs), total=len(jobs), desc="compiling", unit="kernel"))
-    chosen = choose(rows)
-    text = table(rows, chosen)
-    print(text)
-    print()
-    for (kernel, hd, use), tiles in sorted(chosen.items()):
-        print(f"chosen: {kernel} d{hd} {use}: {tiles}")
-    if args.no_write:
-        return 0
+    return [{**r, "triton": triton.__version__} for r in rows]
+
+
+def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], chosen: dict, text: str) -> None:
+    from debertakit.convert.checkpoint import atomic_write_text
+
     env = dict(
-        date=datetime.date.today().isoformat(),
         target="sm_90 (compiled without a GPU; Triton's ptxas and cuobjdump)",
-        triton=triton.__version__,
-        torch=torch.__version__,
         dtype=args.dtype,
         stages=args.stages,
-        command="python benchmarks/triton_static.py",
+        command="python benchmarks/triton_static.py (once per Triton version)",
     )
     chosen_out = {f"{k} d{hd} {use}": t for (k, hd, use), t in sorted(chosen.items())}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.with_suffix(".json").write_text(
-        json.dumps(dict(env=env, chosen=chosen_out, rows=rows), indent=1) + "\n"
-    )
+    report = dict(env=env, versions=versions, chosen=chosen_out, rows=rows)
+    atomic_write_text(OUT.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     md = [
         "# Static report of the triton kernels (sm_90, no GPU)",
         "",
         *(f"- {k}: {v}" for k, v in env.items()),
+        *(
+            f"- Triton {v}: torch {e['torch']}, compiled {e['date']}, kernel source {e['source']}"
+            for v, e in sorted(versions.items())
+        ),
         "",
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
         "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
-        "the sets without dropout; dropout: the `+dropout` sets): no spills in any set of the use; then HGMMA in",
-        "all, the largest tile, the squarer tile, the longer side along the kernel's loop, fewer warps.",
+        "the sets without dropout; dropout: the `+dropout` sets): no spills in any set of the use under any of the",
+        "Triton versions; then HGMMA in all, the largest tile, the squarer tile, the longer side along the kernel's",
+        "loop, fewer warps.",
         "",
         "Chosen:",
         "",
@@ -217,10 +249,45 @@ def main(argv=None) -> int:
         text,
         "",
     ]
-    OUT.with_suffix(".md").write_text("\n".join(md))
+    atomic_write_text(OUT.with_suffix(".md"), "\n".join(md))
     print(
         f"wrote {OUT.with_suffix('.json').relative_to(ROOT)} and {OUT.with_suffix('.md').relative_to(ROOT)}"
     )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    defaults = parse_args([])
+    partial = any(
+        getattr(args, f) != getattr(defaults, f) for f in ("head_dims", "kernels", "stages", "dtype")
+    )
+    if partial and not args.no_write:
+        raise SystemExit(
+            "a partial run (other kernels, head dims, stages or dtype) is not written: add --no-write"
+        )
+    if os.environ.get("TRITON_INTERPRET") == "1" and not args.no_compile:
+        raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
+    source = kernel_source_hash()
+    versions, rows = current_rows(load_report(), source)
+    if not args.no_compile:
+        import torch
+        import triton
+
+        new = compile_rows(args)
+        rows = [r for r in rows if r["triton"] != triton.__version__] + new
+        versions[triton.__version__] = dict(
+            torch=torch.__version__, date=datetime.date.today().isoformat(), source=source
+        )
+    if not rows:
+        raise SystemExit("no rows of the current kernel source to choose from: run without --no-compile")
+    chosen = choose(rows)
+    text = table(rows, chosen)
+    print(text)
+    print()
+    for (kernel, hd, use), tiles in sorted(chosen.items()):
+        print(f"chosen: {kernel} d{hd} {use}: {tiles}")
+    if not args.no_write:
+        write_report(args, versions, rows, chosen, text)
     return 0
 
 

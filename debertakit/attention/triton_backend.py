@@ -72,12 +72,11 @@ def _kernels():
 
 
 KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, where the kernels put batch × heads
 # Tiles per kernel on CUDA, by head dim (<= 64, 128): for each, the largest that compiles for sm_90 without
-# register spills in every feature set, preferring warpgroup tensor-core (HGMMA) code (`benchmarks/
-# triton_static.py`, table in benchmarks/results/triton_static.md). Not yet tuned by timing: `python
-# benchmarks/attention_gpu.py --sections tiles` times candidates on a GPU. DROPOUT_TILES replaces those that
-# spill once the kernel draws its dropout mask.
+# register spills in every feature set under every Triton version the report was run with (3.6, which PyTorch
+# 2.11 pins, and 3.9), preferring warpgroup tensor-core (HGMMA) code (`benchmarks/triton_static.py`, table in
+# benchmarks/results/triton_static.md). Not yet tuned by timing: `python benchmarks/attention_gpu.py --sections
+# tiles` times candidates on a GPU. DROPOUT_TILES replaces those that spill once the kernel draws its dropout mask.
 GPU_TILES = {
     64: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
@@ -87,12 +86,12 @@ GPU_TILES = {
     128: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
         "_dq_kernel": Tiles(64, 16, 8, 2),
-        "_dkv_kernel": Tiles(64, 16, 8, 2),
+        "_dkv_kernel": Tiles(32, 32, 8, 2),
     },
 }
 DROPOUT_TILES = {
     64: {},
-    128: {"_fwd_kernel": Tiles(64, 16, 8, 2)},
+    128: {"_fwd_kernel": Tiles(64, 16, 8, 2), "_dq_kernel": Tiles(32, 32, 8, 2)},
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
@@ -250,7 +249,7 @@ def _fwd_op(
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
         t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0, skew)
         dummy = _dummy(q.device)
-        grid = (triton_cdiv(NQ, t.block_m), B * H)
+        grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
             q, k, v,
             row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
@@ -334,12 +333,12 @@ def _bwd_op(
             k_mask if k_mask is not None else dummy,
         )
         kern = _kernels()
-        kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m), B * H)](
+        kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, dq_dist if dq_dist is not None else dummy.float(),
             H, NQ, NK, R, sat, scale, **flags, **_launch(t_dq),
         )  # fmt: skip
-        kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n), B * H)](
+        kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, dk_dist if dk_dist is not None else dummy.float(),
             H, NQ, NK, R, sat, scale, **flags, **_launch(t_dkv),
@@ -546,11 +545,6 @@ def triton_attention(
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
             f"{max(D, rows, 2 * sat + 1)} columns is too large"
-        )
-    if B * H > MAX_GRID_Y:
-        raise ValueError(
-            f"the triton backend launches one program row per (batch, head) on the grid's second axis; batch {B} × "
-            f"{H} heads = {B * H} is above its limit {MAX_GRID_Y} (split the batch)"
         )
     out, _ = _fwd_op(
         q.contiguous(),

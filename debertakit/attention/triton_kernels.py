@@ -65,6 +65,17 @@ def _mm(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def _block_and_head(N, BLOCK: tl.constexpr):
+    """(block index along the kernel's rows, batch · heads index) of this program. The launch grid is flat,
+    block index fastest: the order the programs start in is that of a 2-D grid (blocks, batch · heads), without
+    the 65535 limit of a grid's second axis on batch × heads."""
+    n_blocks = tl.cdiv(N, BLOCK)
+    pid = tl.program_id(0)
+    bh = pid // n_blocks
+    return pid - bh * n_blocks, bh
+
+
+@triton.jit
 def _positions(POS, offs, inside, IJ: tl.constexpr):
     """Positions of a block of rows or columns; with ``IJ`` (distance i - j) the indices themselves."""
     if IJ:
@@ -130,11 +141,18 @@ def _skew_terms(
 
 
 @triton.jit
+def _end(LUT, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
+    """Column of ROW / COL holding the saturated value on the left (RIGHT = 0) or right: the LUT's first or last
+    entry, or 0 / 1 for the skewed forward, whose ROW / COL hold only the two ends, (N, 2)."""
+    if SKEW:
+        return RIGHT
+    return tl.load(LUT + RIGHT * 2 * SAT)
+
+
+@triton.jit
 def _far_col(COL, LUT, offs_n, n_in, R, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
     """COL's saturated value per key column (the left or right end of the table)."""
-    if SKEW:  # COL holds only the two ends, (Nk, 2)
-        return tl.load(COL + (offs_n * 2 + RIGHT), mask=n_in, other=0.0)
-    return tl.load(COL + (offs_n * R + tl.load(LUT + RIGHT * 2 * SAT)), mask=n_in, other=0.0)
+    return tl.load(COL + (offs_n * R + _end(LUT, SAT, RIGHT, SKEW)), mask=n_in, other=0.0)
 
 
 @triton.jit
@@ -260,13 +278,10 @@ def _query_block(
         qseg = qpos
     row_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if HAS_ROW and SKEW:  # ROW holds only the two ends, (Nq, 2)
-        row_l = tl.load(ROW + offs_m * 2, mask=m_in, other=0.0)
-        row_r = tl.load(ROW + (offs_m * 2 + 1), mask=m_in, other=0.0)
-    elif HAS_ROW:
-        # the two saturated rows of the table, once per query block (far tiles need nothing else)
-        row_l = tl.load(ROW + (offs_m * R + tl.load(LUT)), mask=m_in, other=0.0)
-        row_r = tl.load(ROW + (offs_m * R + tl.load(LUT + 2 * SAT)), mask=m_in, other=0.0)
+    if HAS_ROW:
+        # the two saturated values of each row, once per query block (far tiles need nothing else)
+        row_l = tl.load(ROW + (offs_m * R + _end(LUT, SAT, 0, SKEW)), mask=m_in, other=0.0)
+        row_r = tl.load(ROW + (offs_m * R + _end(LUT, SAT, 1, SKEW)), mask=m_in, other=0.0)
     return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
 
 
@@ -313,12 +328,11 @@ def _fwd_kernel(
     SKEW: tl.constexpr,
     WT: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
     # 64-bit offsets once per program, to this (b, h) or b; 32-bit offsets inside
-    q_off = (bh * NQ).to(tl.int64)
-    k_off = (bh * NK).to(tl.int64)
+    q_off = bh.to(tl.int64) * NQ
+    k_off = bh.to(tl.int64) * NK
     Q += q_off * HEAD_DIM
     OUT += q_off * HEAD_DIM
     LSE += q_off
@@ -422,12 +436,11 @@ def _dq_kernel(
     DROPOUT: tl.constexpr,
 ):
     """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
     W = 2 * SAT + 1
-    q_off = (bh * NQ).to(tl.int64)
-    k_off = (bh * NK).to(tl.int64)
+    q_off = bh.to(tl.int64) * NQ
+    k_off = bh.to(tl.int64) * NK
     Q += q_off * HEAD_DIM
     DO += q_off * HEAD_DIM
     DQ += q_off * HEAD_DIM
@@ -530,12 +543,11 @@ def _dkv_kernel(
     DROPOUT: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid_n, bh = _block_and_head(NK, BLOCK_N)
     b = bh // H
     W = 2 * SAT + 1
-    q_off = (bh * NQ).to(tl.int64)
-    k_off = (bh * NK).to(tl.int64)
+    q_off = bh.to(tl.int64) * NQ
+    k_off = bh.to(tl.int64) * NK
     Q += q_off * HEAD_DIM
     DO += q_off * HEAD_DIM
     LSE += q_off
