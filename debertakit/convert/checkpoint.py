@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +190,17 @@ def _load_into(
 
 
 # ---------------------------------------------------------------------------------------------------- writing
+def _file_mode(path: Path) -> int:
+    """The permissions ``path`` keeps when replaced, or a new file's under the process umask (a temporary file
+    is created 0600, which would leave saved models unreadable to the rest of a group)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` then rename to ``path``: readers see the old file or the whole new one."""
     path = Path(path)
@@ -199,6 +211,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

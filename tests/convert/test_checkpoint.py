@@ -209,3 +209,22 @@ def test_interrupted_save_leaves_old_file(tmp_path, monkeypatch):
         debertakit.save_pretrained(model, tmp_path)
     assert (tmp_path / "model.safetensors").read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_saved_files_take_the_umask_and_replaced_files_keep_their_mode(tmp_path):
+    import os
+    import stat
+
+    from debertakit.convert.checkpoint import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "new.json", "{}")
+        (tmp_path / "kept.json").write_text("old")
+        os.chmod(tmp_path / "kept.json", 0o604)
+        atomic_write_text(tmp_path / "kept.json", "new")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "kept.json").stat().st_mode) == 0o604
+    assert (tmp_path / "kept.json").read_text() == "new"
