@@ -13,6 +13,8 @@ Sections (all bfloat16 on one CUDA device):
    runs the q/k/v and position projections: its time includes them). ``triton skew-forward`` is ``triton`` with
    `triton_backend.FORWARD_POSITIONS` = "skew": the forward's near band computed from the position tables inside
    the kernel instead of gathered from N×R products (the backward is the same); the two rows decide the default.
+   Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
+   output's largest difference from ``triton``'s on the same inputs: a competitor is timed on the same work.
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
@@ -187,6 +189,9 @@ def _attention_rows(
 
     if only is not None:
         candidates = {name: c for name, c in candidates.items() if name in only}
+    # every row that computes the same function is checked against `triton` (itself tested against eager):
+    # a competitor timed on inputs it reads differently would be compared on other work
+    reference = _forward(candidates["triton"][0]) if "triton" in candidates and dropout_p == 0 else None
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():
 
@@ -198,11 +203,33 @@ def _attention_rows(
             torch.autograd.grad(fwd(), ins, out_grad)
 
         row = {"section": "attention", "impl": name, "n": n, "batch": batch, "heads": H, "head_dim": D}
+        if reference is not None and name not in OTHER_FUNCTIONS:
+            row["max_diff_vs_triton"] = _max_diff(fwd, reference)
         row.update(_rate("fwd", bench(fwd_only, device), flops))
         row.update(_rate("fwd_bwd", bench(fwd_bwd, device), 3.5 * flops))
         rows.append(row)
         print(_fmt(row), flush=True)
     return rows
+
+
+OTHER_FUNCTIONS = ("sdpa (no position terms)", "hf eager layer (incl. projections)")  # other inputs or math
+
+
+def _forward(fwd: Callable):
+    """``fwd()``'s output without autograd, or None when it does not fit or cannot run the shape."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            return fwd()
+    except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError):
+        return None
+
+
+def _max_diff(fwd: Callable, reference) -> float | None:
+    """Largest |fwd() - reference| (None when fwd cannot run the shape; the timing row then says why)."""
+    out = _forward(fwd)
+    return None if out is None else float((out.float() - reference.float()).abs().max())
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout
@@ -344,7 +371,8 @@ def _skew_forward(run: Callable) -> Callable:
 
 def _flashdeberta(q, k, v, pos_q, pos_k, scale):
     """flashdeberta's kernel on the same inputs, if the package imports and has the (q, k, v, seq_lengths,
-    pos_key, pos_query, ...) entry point of its 0.1 releases; None otherwise."""
+    pos_key_layer, pos_query_layer, causal, sm_scale, position_buckets, max_relative_distance) entry point
+    (0.0.8, PyPI's release); None otherwise. Its output is checked against `triton` in the same run."""
     try:
         import inspect
 
@@ -356,6 +384,7 @@ def _flashdeberta(q, k, v, pos_q, pos_k, scale):
         return None
 
     def run():
+        # pos_key_layer (1, H, 2·span, D) for c2p, pos_query_layer for p2c; buckets 256, max distance 512
         return fd(q, k, v, None, pos_k[None], pos_q[None], False, scale, 256, 512)
 
     return run
@@ -561,12 +590,15 @@ def print_table(rows: list[dict]) -> None:
     att = [r for r in rows if r["section"] in ("attention", "dropout", "long", "tiles")]
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
-        print(f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s}")
+        print(
+            f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'peak GiB':>9s} {'|Δ| vs triton':>13s}"
+        )
         for r in att:
             fwd = r.get("fwd_tflops", r.get("fwd_error", "")[:8])
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
+            diff = r.get("max_diff_vs_triton")
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
-                  f"{r.get('fwd_bwd_peak_gib', '')!s:>9s}")  # fmt: skip
+                  f"{r.get('fwd_bwd_peak_gib', '')!s:>9s} {'' if diff is None else f'{diff:.2e}':>13s}")  # fmt: skip
     other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s")

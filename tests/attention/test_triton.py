@@ -15,6 +15,7 @@ K and Q, which `eager` (all float32) does not; one bfloat16 step is 0.4–0.8%.
 from __future__ import annotations
 
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -816,6 +817,64 @@ def test_gpu_benchmark_dropout_section_rows(tmp_path):
     assert {"triton +dropout 0.2", "eager +dropout 0.2", "sdpa (no position terms) +dropout 0.2"} <= impls
     assert not any(r["impl"].startswith("flex") for r in rows)  # flex has no dropout: not timed
     assert all(r["section"] == "dropout" and "fwd_bwd_ms" in r for r in rows)
+
+
+def _fake_flashdeberta(monkeypatch, swap_tables: bool) -> None:
+    """A stand-in for flashdeberta 0.0.8's entry point with its documented meaning (pos_key_layer: the c2p
+    table, (1, H, 2·buckets, D)), computed by `eager`; ``swap_tables`` reads the two tables the other way."""
+    import types
+
+    def flash_attention_with_disentangled(
+        q, k, v, seq_lengths, pos_key_layer, pos_query_layer, causal=False, sm_scale=None,
+        position_buckets=0, max_relative_distance=0,
+    ):  # fmt: skip
+        rel = RelativeIndex(
+            span=position_buckets, bucket_size=position_buckets, max_position=max_relative_distance
+        )
+        pos_q, pos_k = pos_query_layer[0], pos_key_layer[0]
+        if swap_tables:
+            pos_q, pos_k = pos_k, pos_q
+        return eager_attention(q, k, v, pos_q, pos_k, rel, Geometry(), scale=sm_scale, terms=PositionTerms())[
+            0
+        ]
+
+    leaf = types.ModuleType("flashdeberta.ops.flash_attention")
+    leaf.flash_attention_with_disentangled = flash_attention_with_disentangled
+    monkeypatch.setitem(sys.modules, "flashdeberta", types.ModuleType("flashdeberta"))
+    monkeypatch.setitem(sys.modules, "flashdeberta.ops", types.ModuleType("flashdeberta.ops"))
+    monkeypatch.setitem(sys.modules, "flashdeberta.ops.flash_attention", leaf)
+
+
+def test_flashdeberta_through_the_benchmark_adapter_matches_eager(monkeypatch):
+    """The real package where it is installed (not a dependency): the adapter's call computes eager's function."""
+    pytest.importorskip("flashdeberta")
+    if DEVICE == "cpu":  # its launch wraps `torch.cuda.device`; under the interpreter there is none
+        import contextlib
+
+        monkeypatch.setattr(torch.cuda, "device", lambda *a, **k: contextlib.nullcontext())
+    c = Case(n=300, heads=2, dim=16, rel=V3)
+    q, k, v, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
+    scale = scale_for(16, 3)
+    with torch.no_grad():
+        got = _benchmark_module()._flashdeberta(q, k, v, pos_q, pos_k, scale)()
+        want, _ = eager_attention(q, k, v, pos_q, pos_k, c.rel, Geometry(), scale=scale, terms=c.terms)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("swap_tables", [False, True])
+def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
+    """Rows computing the same function carry their largest difference from `triton`: the flashdeberta adapter
+    passes the arguments as documented, and a competitor that computes something else shows it."""
+    bench = _benchmark_module()
+    _fake_flashdeberta(monkeypatch, swap_tables)
+    args = bench.parse_args(["--smoke"])
+    args.tokens, args.heads, args.head_dim = 40, 2, 16
+    only = ("triton", "eager", "flashdeberta", "sdpa (no position terms)")
+    rows = {r["impl"]: r for r in bench._attention_rows(args, 40, "cpu", torch.float32, only=only)}
+    assert set(rows) == set(only)
+    assert rows["triton"]["max_diff_vs_triton"] == 0.0 and rows["eager"]["max_diff_vs_triton"] < 1e-5
+    assert "max_diff_vs_triton" not in rows["sdpa (no position terms)"]  # another function
+    assert (rows["flashdeberta"]["max_diff_vs_triton"] > 1e-2) == swap_tables
 
 
 @pytest.mark.slow
