@@ -40,6 +40,10 @@ Usage::
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
                                                        # runs end to end; its timings mean nothing
 
+A whole run may take longer than one session on a shared GPU: run the sections separately (``--sections attention
+--out a.json``, ...) and join them with ``--combine a.json b.json ... --out benchmarks/results/attention_gpu.json``
+(same device and versions required; verdicts recomputed over all rows).
+
 Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 except in the
 ``dropout`` section and the model's ``train_step dropout`` rows.
 """
@@ -81,6 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
         "--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes, plumbing only"
+    )
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS",
+        help="measure nothing: join result files of other sections, taken on the same machine and versions, "
+        "into --out (verdicts recomputed)",
     )
     return p.parse_args(argv)
 
@@ -609,8 +621,42 @@ def print_table(rows: list[dict]) -> None:
                   f"peak {r.get('peak_gib', '')} GiB")  # fmt: skip
 
 
+def combine(paths: list[Path]) -> dict:
+    """One result from several runs of disjoint sections (a whole run may not fit one session): the same
+    device, versions and smoke flag, no section twice; rows in the order given, verdicts over all of them."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    same = ("device", "torch", "triton", "cuda", "python")
+    for path, part in zip(paths[1:], parts[1:]):
+        env0, env = parts[0]["environment"], part["environment"]
+        differs = {k: (env0.get(k), env.get(k)) for k in same if env0.get(k) != env.get(k)}
+        if differs or part["smoke"] != parts[0]["smoke"]:
+            raise SystemExit(f"{path} was measured elsewhere than {paths[0]}: {differs or 'smoke flag'}")
+    seen: dict[str, Path] = {}
+    for path, part in zip(paths, parts):
+        for section in dict.fromkeys(r["section"] for r in part["rows"]):
+            if section in seen:
+                raise SystemExit(f"section {section!r} is in both {seen[section]} and {path}")
+            seen[section] = path
+    rows = [r for part in parts for r in part["rows"]]
+    env = {**parts[0]["environment"], "combined_from": [p["environment"]["date"] for p in parts]}
+    return {**parts[0], "environment": env, "verdicts": verdicts(rows), "rows": rows}
+
+
+def write_result(result: dict, out: Path) -> None:
+    from debertakit.convert.checkpoint import atomic_write_text
+
+    print_table(result["rows"])
+    print("\n" + TARGETS + ("\n  " + "\n  ".join(result["verdicts"]) if result["verdicts"] else ""))
+    atomic_write_text(out, json.dumps(result, indent=1, default=str, allow_nan=False) + "\n")
+    print(f"\nwrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    if args.combine:
+        write_result(combine(args.combine), args.out)
+        return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
@@ -629,7 +675,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     else:
         device = "cuda"
-    sys.path.insert(0, str(ROOT))
     dtype = torch.bfloat16
     rows: list[dict] = []
     sections = {
@@ -644,20 +689,15 @@ def main(argv: list[str] | None = None) -> int:
         if name not in sections:
             raise SystemExit(f"unknown section {name!r}; expected some of {sorted(sections)}")
         rows += sections[name](args, device, dtype)
-    print_table(rows)
-    checks = verdicts(rows)
-    print("\n" + TARGETS + ("\n  " + "\n  ".join(checks) if checks else ""))
     result = {
         "environment": environment(device),
         "smoke": args.smoke,
         "flop_convention": FLOPS_NOTE,
         "targets": TARGETS,
-        "verdicts": checks,
+        "verdicts": verdicts(rows),
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str, allow_nan=False) + "\n")
-    print(f"\nwrote {args.out}")
+    write_result(result, args.out)
     return 0
 
 

@@ -877,6 +877,36 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     assert (rows["flashdeberta"]["max_diff_vs_triton"] > 1e-2) == swap_tables
 
 
+def test_gpu_benchmark_combines_sections_measured_apart(tmp_path, capsys):
+    import json
+
+    bench = _benchmark_module()
+    env = dict(date="d", device="NVIDIA H100", torch="2.11", triton="3.6.0", cuda="13.0", python="3.12.3")
+
+    def part(name, env, rows):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(dict(environment=env, smoke=False, targets="t", verdicts=[], rows=rows)))
+        return path
+
+    triton = dict(section="attention", impl="triton", n=2048, batch=8, fwd_tflops=120.0, fwd_bwd_tflops=70.0)
+    sdpa = dict(section="attention", impl="sdpa (no position terms)", n=2048, batch=8, fwd_tflops=400.0)
+    long = dict(section="long", impl="triton", n=65536, batch=1, fwd_bwd_ms=1.0)
+    a, b = part("a", env, [triton, sdpa]), part("b", {**env, "date": "e"}, [long])
+    out = tmp_path / "all.json"
+    assert bench.main(["--combine", str(a), str(b), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["rows"] == [triton, sdpa, long] and result["environment"]["combined_from"] == ["d", "e"]
+    assert "triton N=2048: forward 120.0 TFLOP/s (target >= 100): met" in result["verdicts"]
+    assert "triton N=2048: forward+backward 70.0 TFLOP/s (target >= 75): MISSED" in result["verdicts"]
+    assert "triton N=2048: forward 30% of sdpa (target >= 40%): MISSED" in result["verdicts"]
+    assert "triton long N=65536 batch 1: runs" in result["verdicts"]
+    with pytest.raises(SystemExit, match="section 'attention' is in both"):
+        bench.main(["--combine", str(a), str(a), "--out", str(out)])
+    elsewhere = part("c", {**env, "device": "NVIDIA H200"}, [long])
+    with pytest.raises(SystemExit, match="measured elsewhere.*'NVIDIA H100', 'NVIDIA H200'"):
+        bench.main(["--combine", str(a), str(elsewhere), "--out", str(out)])
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     import json
