@@ -196,9 +196,22 @@ def _file_mode(path: Path) -> int:
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it (setting it to read it would briefly
+    give files other threads create no protection)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # elsewhere: set and restore, the brief value the safe one
+    os.umask(umask)
+    return umask
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
