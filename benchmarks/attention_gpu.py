@@ -14,7 +14,8 @@ Sections (all bfloat16 on one CUDA device):
    `triton_backend.FORWARD_POSITIONS` = "skew": the forward's near band computed from the position tables inside
    the kernel instead of gathered from N×R products (the backward is the same); the two rows decide the default.
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
-   output's largest difference from ``triton``'s on the same inputs: a competitor is timed on the same work.
+   output's largest difference from ``triton``'s (default tiles) on the same inputs, relative to the largest
+   value; above 2e-2 (the tests' bfloat16 tolerance) a verdict says its timing is of other work.
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
@@ -40,9 +41,10 @@ Usage::
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
                                                        # runs end to end; its timings mean nothing
 
-A whole run may take longer than one session on a shared GPU: run the sections separately (``--sections attention
---out a.json``, ...) and join them with ``--combine a.json b.json ... --out benchmarks/results/attention_gpu.json``
-(same device and versions required; verdicts recomputed over all rows).
+A whole run may take longer than one session on a shared GPU: run the sections (or lengths) separately
+(``--sections attention --out a.json``, ...) and join them with ``--combine a.json b.json ... --out
+benchmarks/results/attention_gpu.json`` (same device and versions required, no measurement twice; verdicts
+recomputed over all rows).
 
 Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 except in the
 ``dropout`` section and the model's ``train_step dropout`` rows.
@@ -98,6 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------------- timing
+CANNOT_RUN = (RuntimeError, ValueError, TypeError, ImportError)  # a competitor that cannot run the shape
+
+
 def bench(fn: Callable[[], object], device: str) -> dict:
     """Median time (ms) and peak memory above the baseline (GiB) of ``fn``; 'OOM' when it does not fit."""
     import torch
@@ -122,7 +127,7 @@ def bench(fn: Callable[[], object], device: str) -> dict:
         return {"ms": ms, "peak_gib": peak}
     except torch.OutOfMemoryError:
         return {"error": "OOM"}
-    except (RuntimeError, ValueError, TypeError, ImportError) as e:  # a competitor that cannot run the shape
+    except CANNOT_RUN as e:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     finally:
         if device == "cuda":
@@ -201,9 +206,11 @@ def _attention_rows(
 
     if only is not None:
         candidates = {name: c for name, c in candidates.items() if name in only}
-    # every row that computes the same function is checked against `triton` (itself tested against eager):
-    # a competitor timed on inputs it reads differently would be compared on other work
-    reference = _forward(candidates["triton"][0]) if "triton" in candidates and dropout_p == 0 else None
+    # every row that computes the same function is checked against `triton` with its default tiles (itself
+    # tested against eager): a competitor timed on inputs it reads differently would be compared on other work
+    reference = None
+    if "triton" in candidates and dropout_p == 0:
+        reference = _forward(_default_tiles(candidates["triton"][0]))
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():
 
@@ -227,6 +234,9 @@ def _attention_rows(
 OTHER_FUNCTIONS = ("sdpa (no position terms)", "hf eager layer (incl. projections)")  # other inputs or math
 
 
+DIFF_TOLERANCE = 2e-2  # bfloat16, relative to the largest |value|: the tests' tolerance (tests/attention)
+
+
 def _forward(fwd: Callable):
     """``fwd()``'s output without autograd, or None when it does not fit or cannot run the shape."""
     import torch
@@ -234,14 +244,40 @@ def _forward(fwd: Callable):
     try:
         with torch.no_grad():
             return fwd()
-    except (torch.OutOfMemoryError, RuntimeError, ValueError, TypeError):
+    except (torch.OutOfMemoryError, *CANNOT_RUN):
         return None
 
 
-def _max_diff(fwd: Callable, reference) -> float | None:
-    """Largest |fwd() - reference| (None when fwd cannot run the shape; the timing row then says why)."""
+def _max_diff(fwd: Callable, reference) -> float | str | None:
+    """Largest |fwd() - reference| relative to the reference's largest |value|; a string when the outputs
+    cannot be compared; None when fwd cannot run the shape (its timing row then says why)."""
+    import torch
+
     out = _forward(fwd)
-    return None if out is None else float((out.float() - reference.float()).abs().max())
+    if out is None:
+        return None
+    if out.shape != reference.shape:
+        return f"shape {tuple(out.shape)}, expected {tuple(reference.shape)}"
+    try:
+        diff = float((out.float() - reference.float()).abs().max() / reference.float().abs().max())
+    except torch.OutOfMemoryError:
+        return None
+    return diff if diff == diff and diff != float("inf") else "not finite"
+
+
+def _default_tiles(run: Callable) -> Callable:
+    """``run`` with the backend's own tiles (the tile sweep's overrides set aside)."""
+    from debertakit.attention import triton_backend
+
+    def with_defaults():
+        saved = dict(triton_backend.TILE_OVERRIDES)
+        triton_backend.TILE_OVERRIDES.clear()
+        try:
+            return run()
+        finally:
+            triton_backend.TILE_OVERRIDES.update(saved)
+
+    return with_defaults
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout
@@ -340,6 +376,13 @@ def verdicts(rows: list[dict]) -> list[str]:
                     out.append(
                         f"{impl} N={n}: {label} {ratio:.0%} of sdpa (target >= 40%): {_ok(ratio, 0.4)}"
                     )
+    for r in rows:
+        diff = r.get("max_diff_vs_triton")
+        if isinstance(diff, str) or (diff is not None and diff > DIFF_TOLERANCE):
+            out.append(
+                f"{r['impl']} {r['section']} N={r['n']}: output differs from triton's ({diff} of its largest "
+                f"value; tolerance {DIFF_TOLERANCE}): its timing is of other work"
+            )
     for r in rows:
         if r["section"] == "long" and r["impl"] in TRITON_ROWS:
             ran = "fwd_bwd_ms" in r
@@ -621,22 +664,26 @@ def print_table(rows: list[dict]) -> None:
                   f"peak {r.get('peak_gib', '')} GiB")  # fmt: skip
 
 
+ROW_KEY = ("section", "impl", "n", "mode", "layout")  # what one measurement is; no two parts may both have it
+
+
 def combine(paths: list[Path]) -> dict:
-    """One result from several runs of disjoint sections (a whole run may not fit one session): the same
-    device, versions and smoke flag, no section twice; rows in the order given, verdicts over all of them."""
+    """One result from several runs (a whole run may not fit one session; a section may be split by length):
+    the same device, versions and smoke flag, no measurement twice; rows in the order given, verdicts over all
+    of them."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    same = ("device", "torch", "triton", "cuda", "python")
+    same = ("device", "torch", "triton", "cuda", "python", "transformers", "flashdeberta")
     for path, part in zip(paths[1:], parts[1:]):
         env0, env = parts[0]["environment"], part["environment"]
         differs = {k: (env0.get(k), env.get(k)) for k in same if env0.get(k) != env.get(k)}
         if differs or part["smoke"] != parts[0]["smoke"]:
             raise SystemExit(f"{path} was measured elsewhere than {paths[0]}: {differs or 'smoke flag'}")
-    seen: dict[str, Path] = {}
+    seen: dict[tuple, Path] = {}
     for path, part in zip(paths, parts):
-        for section in dict.fromkeys(r["section"] for r in part["rows"]):
-            if section in seen:
-                raise SystemExit(f"section {section!r} is in both {seen[section]} and {path}")
-            seen[section] = path
+        for key in dict.fromkeys(tuple(r.get(k) for k in ROW_KEY) for r in part["rows"]):
+            if key in seen:
+                raise SystemExit(f"measurement {dict(zip(ROW_KEY, key))} is in both {seen[key]} and {path}")
+            seen[key] = path
     rows = [r for part in parts for r in part["rows"]]
     env = {**parts[0]["environment"], "combined_from": [p["environment"]["date"] for p in parts]}
     return {**parts[0], "environment": env, "verdicts": verdicts(rows), "rows": rows}

@@ -107,9 +107,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def kernel_source_hash() -> str:
     """What the rows were compiled from: rows of another kernel source no longer describe the kernels."""
-    return hashlib.sha256((ROOT / "debertakit" / "attention" / "triton_kernels.py").read_bytes()).hexdigest()[
+    text = (ROOT / "debertakit" / "attention" / "triton_kernels.py").read_bytes().replace(b"\r\n", b"\n")
+    return hashlib.sha256(text).hexdigest()[
         :16
-    ]
+    ]  # line endings normalised: a CRLF checkout is the same source
 
 
 def load_report() -> dict:
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
     partial = any(
         getattr(args, f) != getattr(defaults, f) for f in ("head_dims", "kernels", "stages", "dtype")
     )
-    if partial and not args.no_write:
+    if partial and not args.no_write and not args.no_compile:
         raise SystemExit(
             "a partial run (other kernels, head dims, stages or dtype) is not written: add --no-write"
         )

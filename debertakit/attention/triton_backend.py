@@ -23,6 +23,7 @@ callers get the same float32 score arithmetic as without it.
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 from torch import Tensor
@@ -43,8 +44,11 @@ def interpreter_enabled() -> bool:
 
 
 def _minor(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+    """(major, minor) of a version string: '3.6.0' -> (3, 6), '3.6rc1' -> (3, 6)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"cannot read a version from {version!r}; expected MAJOR.MINOR...")
+    return int(match[1]), int(match[2])
 
 
 def check_interpreter(triton_version: str, numpy_version: str) -> None:
@@ -244,6 +248,9 @@ def _fwd_op(
         ends = lut[:: lut.numel() - 1].long() if skew else None
         row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p, rows=ends)
         R = _table_rows(row, col)
+        assert not skew or R == 2, (
+            "the skewed forward's ROW / COL hold the two ends only (the kernel's `_end`)"
+        )
         table = pos_k if pos_k is not None else pos_q
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
