@@ -227,7 +227,7 @@ def _keep_mask_kernel(OUT, seed, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N:
     offs_n = start_n + tl.arange(0, BLOCK_N)
     keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
     inside = (offs_m[:, None] < NQ) & (offs_n[None, :] < NK)
-    OUT += (bh * NQ).to(tl.int64) * NK
+    OUT += bh.to(tl.int64) * NQ * NK
     tl.store(OUT + (offs_m.to(tl.int64)[:, None] * NK + offs_n[None, :]), keep.to(tl.uint8), mask=inside)
 
 
