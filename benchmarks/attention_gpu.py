@@ -193,7 +193,11 @@ def _attention_rows(
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates and dropout_p == 0:
-        candidates["triton skew-forward"] = (_skew_forward(candidates["triton"][0]), leaves, grad)
+        candidates["triton skew-forward"] = (
+            _with_backend_settings(candidates["triton"][0], FORWARD_POSITIONS="skew"),
+            leaves,
+            grad,
+        )
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
     candidates["sdpa (no position terms)"] = sdpa
     fd = _flashdeberta(q, k, v, pos_q, pos_k, scale) if dropout_p == 0 else None
@@ -210,7 +214,7 @@ def _attention_rows(
     # tested against eager): a competitor timed on inputs it reads differently would be compared on other work
     reference = None
     if "triton" in candidates and dropout_p == 0:
-        reference = _forward(_default_tiles(candidates["triton"][0]))
+        reference = _forward(_with_backend_settings(candidates["triton"][0], TILE_OVERRIDES={}))
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():
 
@@ -265,19 +269,22 @@ def _max_diff(fwd: Callable, reference) -> float | str | None:
     return diff if diff == diff and diff != float("inf") else "not finite"
 
 
-def _default_tiles(run: Callable) -> Callable:
-    """``run`` with the backend's own tiles (the tile sweep's overrides set aside)."""
+def _with_backend_settings(run: Callable, **settings) -> Callable:
+    """``run`` with module settings of `triton_backend` changed for the call and restored after it:
+    ``FORWARD_POSITIONS="skew"`` (the skewed forward), ``TILE_OVERRIDES={}`` (the backend's own tiles)."""
     from debertakit.attention import triton_backend
 
-    def with_defaults():
-        saved = dict(triton_backend.TILE_OVERRIDES)
-        triton_backend.TILE_OVERRIDES.clear()
+    def patched():
+        saved = {name: getattr(triton_backend, name) for name in settings}
+        for name, value in settings.items():
+            setattr(triton_backend, name, value)
         try:
             return run()
         finally:
-            triton_backend.TILE_OVERRIDES.update(saved)
+            for name, value in saved.items():
+                setattr(triton_backend, name, value)
 
-    return with_defaults
+    return patched
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout
@@ -407,21 +414,6 @@ def _rate(prefix: str, r: dict, flops: float) -> dict:
         f"{prefix}_tflops": round(flops / (r["ms"] * 1e-3) / 1e12, 2),
         f"{prefix}_peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
     }
-
-
-def _skew_forward(run: Callable) -> Callable:
-    """``run`` with the triton forward's near band computed from the position tables (`FORWARD_POSITIONS`)."""
-    from debertakit.attention import triton_backend
-
-    def skewed():
-        saved = triton_backend.FORWARD_POSITIONS
-        triton_backend.FORWARD_POSITIONS = "skew"
-        try:
-            return run()
-        finally:
-            triton_backend.FORWARD_POSITIONS = saved
-
-    return skewed
 
 
 def _flashdeberta(q, k, v, pos_q, pos_k, scale):

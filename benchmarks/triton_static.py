@@ -107,10 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def kernel_source_hash() -> str:
     """What the rows were compiled from: rows of another kernel source no longer describe the kernels."""
+    # line endings normalised: a CRLF checkout is the same source
     text = (ROOT / "debertakit" / "attention" / "triton_kernels.py").read_bytes().replace(b"\r\n", b"\n")
-    return hashlib.sha256(text).hexdigest()[
-        :16
-    ]  # line endings normalised: a CRLF checkout is the same source
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def load_report() -> dict:

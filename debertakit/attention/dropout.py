@@ -26,6 +26,11 @@ def drop_threshold(p: float) -> int:
     return round(p * _LEVELS)
 
 
+def kept_scale(threshold: int) -> float:
+    """Scale of the kept elements for a drop threshold: ``1 / (1 - rounded p)``, so the expectation is exact."""
+    return 1.0 / (1.0 - threshold / _LEVELS)
+
+
 def rounded_p(p: float) -> float:
     """The dropout probability actually applied: ``p`` rounded to a multiple of 2**-16."""
     return drop_threshold(p) / _LEVELS
@@ -46,14 +51,15 @@ def keep_mask(
 ) -> tuple[Tensor, float]:
     """(bool mask of the kept elements, scale ``1 / (1 - rounded p)`` for them), drawn from ``generator`` (the
     device's default generator when None)."""
-    threshold = drop_threshold(p) - _LEVELS // 2  # int16 values are uniform over [-2**15, 2**15)
+    drop_t = drop_threshold(p)
+    threshold = drop_t - _LEVELS // 2  # int16 values are uniform over [-2**15, 2**15)
     n = math.prod(shape)
     # random_() on int64 draws from [0, 2**63): the low 48 bits are uniform, the top 16 are not
     words = torch.empty((n + 2) // 3, dtype=torch.int64, device=device).random_(generator=generator)
     parts = words.view(torch.int16).view(-1, 4)
     parts = parts[:, :3] if sys.byteorder == "little" else parts[:, 1:]
     keep = (parts >= threshold).view(-1)[:n].view(tuple(shape))
-    return keep, 1.0 / (1.0 - rounded_p(p))
+    return keep, kept_scale(drop_t)
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -22,13 +22,14 @@ callers get the same float32 score arithmetic as without it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
 import torch
 from torch import Tensor
 
-from debertakit.attention.dropout import drop_threshold
+from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, register
@@ -62,6 +63,7 @@ def check_interpreter(triton_version: str, numpy_version: str) -> None:
         )
 
 
+@functools.cache
 def _kernels():
     # imported on first use: Triton decides at decoration time whether kernels are compiled or interpreted, so
     # TRITON_INTERPRET only needs to be set before the first call, not before `import debertakit`
@@ -209,7 +211,7 @@ def _dropout_args(seed: Tensor | None, threshold: int) -> dict:
     `dropout.keep_mask`: 1 / (1 - rounded p))."""
     if seed is None or threshold == 0:
         return dict(seed=0, DROP_T=0, drop_scale=1.0)
-    return dict(seed=int(seed), DROP_T=threshold, drop_scale=1.0 / (1.0 - threshold / (1 << 16)))
+    return dict(seed=int(seed), DROP_T=threshold, drop_scale=kept_scale(threshold))
 
 
 @torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
