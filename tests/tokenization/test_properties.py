@@ -81,7 +81,9 @@ def test_spm_score_ties_are_the_only_difference(spm_tok, sp):
         assert abs(sum(map(sp.get_score, ours)) - sum(map(sp.get_score, theirs))) <= 1e-5 * len(ours)
 
 
-@SETTINGS
+# random unicode meets the small test vocabulary's unknown token often: on some seeds most draws are filtered
+# out, which Hypothesis's health check treated as an error (a flaky failure); the examples that remain are checked
+@settings(SETTINGS, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(text=spm_comparable)
 def test_spm_round_trip_gives_the_normalised_text(spm_tok, sp, text):
     assume(not any(s in unicodedata.normalize("NFKC", text) for s in SPECIAL_STRINGS))
