@@ -87,7 +87,7 @@ def flex_disentangled_attention(
         kp = kp.expand(B, Nk).contiguous()
         sat = rel.saturation
         R = (pos_k if pos_k is not None else pos_q).shape[1]
-        lut = (rel.lut.to(device).clamp(0, R - 1)).contiguous()  # rows of distances -sat..sat
+        lut = rel.lut_on(device).clamp(0, R - 1).contiguous()  # rows of distances -sat..sat
         c2p = (
             (qf @ pos_k.float().transpose(-1, -2) * scale).contiguous() if terms.c2p else None
         )  # (B, H, Nq, R)

@@ -15,6 +15,7 @@ same table, and the saturation distance tells them where the position terms stop
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -61,6 +62,7 @@ class RelativeIndex:
     offset: int = 0
     lut: Tensor = field(init=False, repr=False, compare=False)
     saturation: int = field(init=False, compare=False)
+    _device_luts: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         far = 4 * max(self.span, self.max_position, 1) + 8
@@ -85,9 +87,21 @@ class RelativeIndex:
     def table_rows(self) -> int:
         return 2 * self.span
 
+    def lut_on(self, device: torch.device | str) -> Tensor:
+        """`lut` on ``device``, copied from the host once per device and kept. A copy in every layer's call would
+        make the host wait for the GPU in every layer: a copy from pageable host memory synchronises the stream,
+        and the host can no longer queue work ahead. Under ``torch.compile`` the copy is traced instead (a
+        constant of the graph)."""
+        device = torch.device(device)
+        if device.type == "cpu" or torch.compiler.is_compiling():
+            return self.lut.to(device)
+        if device not in self._device_luts:
+            self._device_luts[device] = self.lut.to(device)
+        return self._device_luts[device]
+
     def index(self, delta: Tensor) -> Tensor:
         """Row (int64, relative to ``offset``) for every distance in ``delta`` (any shape, any integer dtype)."""
-        lut = self.lut.to(delta.device)
+        lut = self.lut_on(delta.device)
         return lut[torch.clamp(delta, -self.saturation, self.saturation).long() + self.saturation]
 
     def window(self, max_distance: int) -> tuple[int, int]:
@@ -105,7 +119,13 @@ class RelativeIndex:
         """The same mapping, relative to a table window starting at full-table row ``lo``."""
         if lo == self.offset:
             return self
-        return RelativeIndex(self.span, self.bucket_size, self.max_position, offset=lo)
+        return _relative_index(self.span, self.bucket_size, self.max_position, lo)
+
+
+@functools.lru_cache(maxsize=256)
+def _relative_index(span: int, bucket_size: int, max_position: int, offset: int) -> RelativeIndex:
+    """One instance per mapping and window, reused across forwards with its copies on devices (`lut_on`)."""
+    return RelativeIndex(span, bucket_size, max_position, offset)
 
 
 def scale_for(head_dim: int, scale_factor: int) -> float:

@@ -545,8 +545,7 @@ def triton_attention(
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
         mid = rel.saturation
-        lut = rel.lut[mid - sat : mid + sat + 1].clamp(0, rows - 1)
-        lut = lut.to(device=device, dtype=torch.int32)
+        lut = rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1).to(torch.int32)
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1

@@ -741,6 +741,26 @@ def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal"])
+def test_calls_never_wait_for_the_gpu_gpu(name):
+    """After a first call (which compiles the kernels and copies the distance table to the GPU once), forward
+    and backward queue their work without synchronising with the host (no ``.item()``, no copy from pageable
+    host memory), so the host runs ahead of the GPU layer after layer."""
+    c = GPU_GRID[name]
+    geom = _geometry(c, "cuda")
+    inputs = _inputs(c, torch.bfloat16, "cuda")
+    grad_out = torch.randn(inputs[0].shape, device="cuda", dtype=torch.bfloat16)
+    _run(triton_attention, c, inputs, geom, grad_out, dropout_p=0.1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, grads = _run(triton_attention, c, inputs, geom, grad_out, dropout_p=0.1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
 def test_skewed_forward_matches_eager_gpu(monkeypatch, name, dtype):

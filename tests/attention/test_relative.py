@@ -1,0 +1,26 @@
+"""`RelativeIndex`: its table on devices."""
+
+from __future__ import annotations
+
+import torch
+
+from debertakit.attention import RelativeIndex
+
+
+def test_the_table_is_copied_to_a_device_once_and_kept():
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+    first = rel.lut_on("meta")  # stands for an accelerator: a copy from the host
+    assert first.device.type == "meta" and first.shape == rel.lut.shape and first.dtype == rel.lut.dtype
+    assert rel.lut_on(torch.device("meta")) is first
+    assert rel.lut_on("cpu") is rel.lut
+
+
+def test_a_window_of_the_table_is_one_object_across_forwards():
+    """The backbone asks for the window's index at every forward: the same object comes back, with the copies
+    of its table that earlier forwards made."""
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+    a, b = rel.shifted(100), rel.shifted(100)
+    assert a is b and a.offset == 100
+    assert rel.shifted(101) is not a and rel.shifted(0) is rel
+    idx = a.index(torch.arange(-600, 601))
+    assert torch.equal(idx, rel.index(torch.arange(-600, 601)) - 100)
