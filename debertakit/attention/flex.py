@@ -118,7 +118,10 @@ def flex_disentangled_attention(
         block_mask = None
         if mask_mod is not None:
             heads = H if geom.dense is not None and geom.dense.shape[1] > 1 else None
-            block_mask = create_block_mask(mask_mod, B, heads, Nq, Nk, device=device)
+            block_mask = geom.cached(  # the same in every layer: built once per forward
+                ("flex-block-mask", B, heads, Nq, Nk, device),
+                lambda: create_block_mask(mask_mod, B, heads, Nq, Nk, device=device),
+            )
         out = _flex_fn(device.type)(qf, kf, vf, score_mod=score_mod, block_mask=block_mask, scale=scale)
     return out.to(v.dtype), None
 

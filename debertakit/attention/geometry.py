@@ -10,11 +10,18 @@ Padded batches, packed (padding-free) batches and explicit masks all become a `G
 * ``causal``: keys after the query (by position, within its sequence) are hidden.
 
 Queries whose every key is hidden (padding rows of a packed batch, say) produce zeros.
+
+Backends derive kernel inputs from a geometry (int32 position rows, block ranges, block masks) that are the same
+in every layer: `Geometry.cached` keeps them for the geometry's lifetime (one forward), so the layers after the
+first launch none of that work again. Assigning a field drops them; the tensors themselves are not changed in
+place once a forward has started.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,6 +38,21 @@ class Geometry:
     causal: bool = False
     cu_seqlens: Tensor | None = None  # packed batches: (S + 1,) int32 offsets into the single row
     max_seqlen: int | None = None  # packed batches: the longest sequence
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name != "_derived":
+            self.__dict__["_derived"] = {}  # inputs derived from the old value are stale
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once per ``key`` for this geometry (see the module docstring). Under
+        ``torch.compile`` it is always built: the graph computes it once per forward anyway."""
+        if torch.compiler.is_compiling():
+            return build()
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     def positions(self, n_q: int, n_k: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """(Bq|1, Nq) and (Bk|1, Nk) int64 positions."""

@@ -478,6 +478,24 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
     return tuple(x.to(torch.int32).contiguous() for x in (kv_lo, kv_hi, q_lo, q_hi))
 
 
+def _geometry_inputs(
+    geom: Geometry, B: int, NQ: int, NK: int, device: torch.device
+) -> tuple[Tensor | None, ...]:
+    """The kernels' inputs that depend on the geometry alone, the same in every layer (`Geometry.cached`): int32
+    (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`. Explicit positions are
+    checked here, once per geometry (the check reads a flag from the device)."""
+    qp, kp = geom.positions(NQ, NK, device)
+    q_pos, k_pos = _rows(qp, B, NQ), _rows(kp, B, NK)
+    q_seg = _rows(geom.q_segments, B, NQ)
+    k_seg = _rows(geom.k_segments, B, NK)
+    k_mask = _rows(geom.key_mask, B, NK)
+    explicit = geom.q_positions is not None or geom.k_positions is not None
+    if explicit and geom.cu_seqlens is None:
+        _check_distinct(q_pos, q_seg, None, "query")
+        _check_distinct(k_pos, k_seg, k_mask, "key")
+    return (q_pos, k_pos, q_seg, k_seg, k_mask, *_key_ranges(geom, B, NQ, NK, device))
+
+
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -526,16 +544,10 @@ def triton_attention(
         )
         return out[..., :D], None
     device = q.device
-    qp, kp = geom.positions(NQ, NK, device)
-    q_pos, k_pos = _rows(qp, B, NQ), _rows(kp, B, NK)
-    q_seg = _rows(geom.q_segments, B, NQ)
-    k_seg = _rows(geom.k_segments, B, NK)
-    k_mask = _rows(geom.key_mask, B, NK)
+    q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = geom.cached(
+        ("triton", B, NQ, NK, device), lambda: _geometry_inputs(geom, B, NQ, NK, device)
+    )
     explicit = geom.q_positions is not None or geom.k_positions is not None
-    if explicit and geom.cu_seqlens is None:
-        _check_distinct(q_pos, q_seg, None, "query")
-        _check_distinct(k_pos, k_seg, k_mask, "key")
-    kv_lo, kv_hi, q_lo, q_hi = _key_ranges(geom, B, NQ, NK, device)
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
     if c2p or p2c or p2p:
@@ -545,7 +557,10 @@ def triton_attention(
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
         mid = rel.saturation
-        lut = rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1).to(torch.int32)
+        lut = geom.cached(
+            ("triton-lut", rel, sat, rows, device),
+            lambda: rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1).to(torch.int32),
+        )
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1

@@ -26,3 +26,19 @@ def test_distance_is_not_i_minus_j_for_explicit_or_unshared_positions():
     geom, _ = packed_geometry(torch.tensor([0, 3, 6]), 6)
     geom.k_positions = geom.k_positions.clone()  # no longer provably the same positions
     assert not geom.distance_is_i_minus_j()
+
+
+def test_cached_inputs_are_built_once_and_dropped_when_a_field_changes():
+    geom = Geometry(key_mask=torch.ones(2, 5, dtype=torch.bool))
+    builds = []
+
+    def build():
+        builds.append(1)
+        return geom.key_mask.int()
+
+    first = geom.cached(("rows", 5), build)
+    assert geom.cached(("rows", 5), build) is first and len(builds) == 1
+    geom.cached(("rows", 6), build)  # another key: built anew
+    assert len(builds) == 2
+    geom.key_mask = torch.zeros(2, 5, dtype=torch.bool)  # derived inputs of the old mask are stale
+    assert not geom.cached(("rows", 5), build).any() and len(builds) == 3

@@ -510,6 +510,35 @@ def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
     _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
 
 
+def test_layers_after_the_first_reuse_the_geometrys_inputs():
+    """Positions, segments, key mask and block ranges are the same in every layer: built on the first call with a
+    geometry, then reused (one forward of a base model calls the backend 12 times with one geometry)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1  # the op's own work (our custom op's kernels) runs below the mode
+            return func(*args, **(kwargs or {}))
+
+    c = GRID["packed_causal"]
+    geom = _geometry(c, DEVICE)
+    inputs = [t.detach() if t is not None else None for t in _inputs(c, torch.float32, DEVICE)]
+    counts, outs = [], []
+    for _ in range(2):
+        with Ops() as probe:
+            outs.append(triton_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)[0])
+        counts.append(probe.ops)
+    assert sum(counts[0].values()) > 20  # int32 rows, segment and block ranges, the lookup table
+    assert set(counts[1]) == {"debertakit.disentangled_attention_fwd.default"}, counts[1]
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_dropout_mask_does_not_depend_on_tiles(monkeypatch):
     """The three kernels use different tiles on a GPU: the mask must be a function of (seed, b·h, i, j) alone."""
     c = GRID["packed_causal"]
