@@ -60,8 +60,8 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "i32"
         elif name in FLOATS:
             sig[name] = "fp32"
-        elif name == "seed":  # the dropout seed, always int64 (see `triton_backend._draw_seed`)
-            sig[name] = "i64"
+        elif name == "SEED":  # the dropout seed, one int64 (see `triton_backend._draw_seed`)
+            sig[name] = "*i64"
         else:  # Q K V DO OUT: the input dtype
             sig[name] = "*" + dtype
     return sig

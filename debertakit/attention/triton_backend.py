@@ -8,8 +8,9 @@ What it serves (anything else is declined through the registry, so ``auto`` pick
 * Padding masks, packed sequences (segments / ``cu_seqlens`` with positions inside each sequence), causal,
   Nq != Nk with default or explicit positions.
 * Dropout on the probabilities, drawn inside the kernels (16-bit Philox numbers; see `triton_kernels`): the
-  backward redraws the forward's mask from the call's seed, which comes from the CPU default generator, so
-  ``torch.manual_seed`` reproduces a run and activation checkpointing (which restores the CPU RNG state) replays it.
+  backward redraws the forward's mask from the call's seed, drawn on the device from its default generator as the
+  other backends' masks are: ``torch.manual_seed`` reproduces a run, activation checkpointing (which restores the
+  device's RNG state) replays it, and a captured CUDA graph draws a new seed at every replay.
 * Declined: attention probabilities (``return_probs``) and dense masks.
 
 Explicit positions must be distinct inside a sequence (they are for every geometry the model builds); the
@@ -195,23 +196,24 @@ def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
     return 1 if table is None else table.shape[-1]
 
 
-def _dummy(device: torch.device) -> Tensor:
-    return torch.zeros(1, dtype=torch.int32, device=device)
+def _dummy(device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
+    return torch.zeros(1, dtype=dtype, device=device)
 
 
-def _draw_seed() -> Tensor:
-    """A dropout seed from the CPU default generator, as a CPU tensor: reading it never waits for the GPU, and
-    under ``torch.compile`` it is drawn inside the graph at every call (a Python int would be baked in as a
-    constant). In [2**62, 2**63), so that Triton always types it int64 (one compiled variant)."""
-    return torch.randint(0, 1 << 62, (), dtype=torch.int64) + (1 << 62)
+def _draw_seed(device: torch.device) -> Tensor:
+    """A dropout seed: one int64 drawn on ``device`` from its default generator (as the other backends' masks
+    are), which the kernels read from memory. A number passed as a kernel argument would be baked into a
+    captured CUDA graph (``mode="reduce-overhead"``): the same mask at every replay. Drawn on the device, the
+    draw is part of the graph and every replay gets a new seed; nothing waits for the GPU."""
+    return torch.randint(0, 1 << 62, (1,), dtype=torch.int64, device=device)
 
 
-def _dropout_args(seed: Tensor | None, threshold: int) -> dict:
-    """Kernel arguments of the dropout: seed, 16-bit threshold, scale of the kept probabilities (the scale of
-    `dropout.keep_mask`: 1 / (1 - rounded p))."""
+def _dropout_args(seed: Tensor | None, threshold: int, device: torch.device) -> dict:
+    """Kernel arguments of the dropout: seed tensor, 16-bit threshold, scale of the kept probabilities (the
+    scale of `dropout.keep_mask`: 1 / (1 - rounded p))."""
     if seed is None or threshold == 0:
-        return dict(seed=0, DROP_T=0, drop_scale=1.0)
-    return dict(seed=int(seed), DROP_T=threshold, drop_scale=kept_scale(threshold))
+        return dict(SEED=_dummy(device, torch.int64), DROP_T=0, drop_scale=1.0)
+    return dict(SEED=seed, DROP_T=threshold, drop_scale=kept_scale(threshold))
 
 
 @torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
@@ -265,7 +267,7 @@ def _fwd_op(
             pos_q if skew and pos_q is not None else q, pos_k if skew and pos_k is not None else q,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
             k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
-            H, NQ, NK, R, sat, table.shape[1] if table is not None else 1, scale, **_dropout_args(seed, drop_t),
+            H, NQ, NK, R, sat, table.shape[1] if table is not None else 1, scale, **_dropout_args(seed, drop_t, q.device),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, WT=2 * max(t.block_m, t.block_n),
         )  # fmt: skip
@@ -328,7 +330,7 @@ def _bwd_op(
             torch.zeros((B, H, NK, W), dtype=torch.float32, device=q.device) if col is not None else None
         )
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
-        flags.update(_dropout_args(seed, drop_t))
+        flags.update(_dropout_args(seed, drop_t, q.device))
         t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0)
         t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0)
         tables = (
@@ -585,7 +587,7 @@ def triton_attention(
         kv_hi,
         q_lo,
         q_hi,
-        _draw_seed() if drop_t > 0 else None,
+        _draw_seed(device) if drop_t > 0 else None,
         float(scale),
         int(sat),
         c2p,
@@ -601,11 +603,12 @@ def triton_attention(
 def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: float, device) -> Tensor:
     """(B, H, Nq, Nk) bool: the dropout mask the kernels apply for ``seed`` (True where kept), materialised for
     tests and inspection. It depends only on (seed, b·H + h, i, j), not on tiles."""
+    seed_t = torch.tensor([seed], dtype=torch.int64, device=device)
     out = torch.empty((batch * heads, nq, nk), dtype=torch.uint8, device=device)
     t = Tiles(16, 16, 1, 1) if torch.device(device).type != "cuda" else Tiles(64, 64, 4, 1)
     grid = (batch * heads, triton_cdiv(nq, t.block_m), triton_cdiv(nk, t.block_n))
     _kernels()._keep_mask_kernel[grid](
-        out, seed, nq, nk, drop_threshold(p), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps
+        out, seed_t, nq, nk, drop_threshold(p), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps
     )
     return out.view(batch, heads, nq, nk).bool()
 

@@ -40,7 +40,9 @@ number is below ``DROP_T = round(p · 2**16)`` (the rule of `debertakit.attentio
 call gives the eight 16-bit numbers of columns 8·(j // 8) … +7, so a mask is a function of (seed, bh, i, j)
 alone, whatever tiles a kernel uses — the backward kernels redraw exactly the forward's mask, and nothing N×N
 is stored. The softmax normaliser counts every pair (dropout comes after the softmax); with O = (P ∘ Z)·V the
-backward's rowsum(P ∘ dP) is still dO·O, so the delta term is unchanged.
+backward's rowsum(P ∘ dP) is still dO·O, so the delta term is unchanged. The seed is read from a one-element
+int64 tensor (``SEED``) that the caller draws on the kernels' device, not passed as a number: a captured CUDA
+graph then replays the draw (a new mask every replay), where a number would be baked into the graph.
 """
 
 from __future__ import annotations
@@ -217,15 +219,15 @@ def _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.
     return bits >= DROP_T
 
 
-@triton.jit(do_not_specialize=["seed", "DROP_T"])
-def _keep_mask_kernel(OUT, seed, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+@triton.jit(do_not_specialize=["DROP_T"])
+def _keep_mask_kernel(OUT, SEED, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The dropout mask as uint8 (B·H, NQ, NK): what the attention kernels draw, for tests and inspection.
     Grid (B·H, query blocks, key blocks); 64-bit offsets (NQ·NK may pass 2**31)."""
     bh = tl.program_id(0)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     start_n = tl.program_id(2) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
+    keep = _keep(tl.load(SEED), bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
     inside = (offs_m[:, None] < NQ) & (offs_n[None, :] < NK)
     OUT += bh.to(tl.int64) * NQ * NK
     tl.store(OUT + (offs_m.to(tl.int64)[:, None] * NK + offs_n[None, :]), keep.to(tl.uint8), mask=inside)
@@ -285,7 +287,7 @@ def _query_block(
     return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
 
 
-@triton.jit(do_not_specialize=["seed", "DROP_T"])
+@triton.jit(do_not_specialize=["DROP_T"])
 def _fwd_kernel(
     Q,
     K,
@@ -311,7 +313,7 @@ def _fwd_kernel(
     SAT,
     TR,
     scale,
-    seed,
+    SEED,
     DROP_T,
     drop_scale,
     HEAD_DIM: tl.constexpr,
@@ -361,6 +363,8 @@ def _fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)  # once per program (see the module docstring)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
@@ -394,7 +398,7 @@ def _fwd_kernel(
     tl.store(LSE + offs_m, lse, mask=m_in)
 
 
-@triton.jit(do_not_specialize=["seed", "DROP_T"])
+@triton.jit(do_not_specialize=["DROP_T"])
 def _dq_kernel(
     Q,
     K,
@@ -420,7 +424,7 @@ def _dq_kernel(
     R,
     SAT,
     scale,
-    seed,
+    SEED,
     DROP_T,
     drop_scale,
     HEAD_DIM: tl.constexpr,
@@ -473,6 +477,8 @@ def _dq_kernel(
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     far_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)  # once per program (see the module docstring)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
@@ -500,7 +506,7 @@ def _dq_kernel(
         tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r, mask=m_in)
 
 
-@triton.jit(do_not_specialize=["seed", "DROP_T"])
+@triton.jit(do_not_specialize=["DROP_T"])
 def _dkv_kernel(
     Q,
     K,
@@ -527,7 +533,7 @@ def _dkv_kernel(
     R,
     SAT,
     scale,
-    seed,
+    SEED,
     DROP_T,
     drop_scale,
     HEAD_DIM: tl.constexpr,
@@ -581,6 +587,8 @@ def _dkv_kernel(
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_N,), dtype=tl.float32)
     far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)  # once per program (see the module docstring)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
             Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ

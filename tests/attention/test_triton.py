@@ -256,7 +256,7 @@ def _attention_with_dropout(c: Case):
 
 
 def test_torch_compile_with_dropout_draws_what_eager_draws():
-    """Under torch.compile (aot_eager) the seed is drawn inside the graph from the same CPU generator: the same
+    """Under torch.compile (aot_eager) the seed is drawn inside the graph from the same generator: the same
     torch seed gives the uncompiled call's output and gradients, and the next call draws a new mask."""
     c = GRID["packed_causal"]
     inputs, fn = _attention_with_dropout(c)
@@ -472,8 +472,8 @@ def _record_seeds(monkeypatch) -> list[torch.Tensor]:
     drawn = []
     real = triton_backend._draw_seed
 
-    def record():
-        drawn.append(real())
+    def record(device):
+        drawn.append(real(device))
         return drawn[-1]
 
     monkeypatch.setattr(triton_backend, "_draw_seed", record)
@@ -544,8 +544,8 @@ def test_dropout_mask_does_not_depend_on_tiles(monkeypatch):
     c = GRID["packed_causal"]
     geom = _geometry(c, DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
-    seed = torch.tensor((1 << 62) + 12345)
-    monkeypatch.setattr(triton_backend, "_draw_seed", lambda: seed)
+    seed = torch.tensor([(1 << 62) + 12345])
+    monkeypatch.setattr(triton_backend, "_draw_seed", lambda device: seed.to(device))
     ref = _run(triton_attention, c, inputs, geom, dropout_p=0.2)
     other = {
         "_fwd_kernel": Tiles(32, 16, 1, 1),
@@ -592,8 +592,21 @@ def test_dropout_follows_the_torch_seed_and_checks_p():
         _run(triton_attention, c, inputs, geom, dropout_p=1.0)
 
 
+def test_dropout_seed_is_one_int64_drawn_on_the_inputs_device(monkeypatch):
+    """The kernels read the seed from memory (a CUDA graph replays the draw, not a number); no seed is drawn
+    without dropout."""
+    c = GRID["n33"]
+    seeds = _record_seeds(monkeypatch)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    _run(triton_attention, c, inputs, _geometry(c, DEVICE))
+    assert seeds == []
+    _run(triton_attention, c, inputs, _geometry(c, DEVICE), dropout_p=0.1)
+    (seed,) = seeds
+    assert seed.shape == (1,) and seed.dtype == torch.int64 and seed.device == inputs[0].device
+
+
 def test_dropout_replays_under_activation_checkpointing():
-    """Checkpointing recomputes the forward with the CPU RNG state restored: same seed, same mask, so the
+    """Checkpointing recomputes the forward with the device's RNG state restored: same seed, same mask, so the
     gradients equal those of an uncheckpointed call."""
     from torch.utils.checkpoint import checkpoint
 
@@ -767,6 +780,50 @@ def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
     keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, 0.1, "cuda")
     want = _eager_with_mask(c, inputs, geom, keep, 0.1)
     _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+
+
+def _attend_v3(c: Case, geom: Geometry, *tensors, p: float = 0.1) -> torch.Tensor:
+    return triton_attention(*tensors, c.rel, geom, scale=0.1, terms=c.terms, dropout_p=p)[0]
+
+
+@pytest.mark.gpu
+def test_dropout_follows_the_cuda_generator_gpu():
+    """The seed is drawn from the CUDA generator, as the other backends' masks are: ``torch.cuda.manual_seed``
+    alone (the CPU generator left running) reproduces a mask and another CUDA seed changes it."""
+    c = GPU_GRID["v3_padding"]
+    geom = _geometry(c, "cuda")
+    inputs = _inputs(c, torch.bfloat16, "cuda")
+    outs = []
+    for seed in (5, 5, 6):
+        torch.cuda.manual_seed(seed)
+        with torch.no_grad():
+            outs.append(_attend_v3(c, geom, *inputs))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.gpu
+def test_dropout_draws_a_new_mask_at_every_cuda_graph_replay_gpu():
+    """Under ``mode="reduce-overhead"`` the compiled call is captured in a CUDA graph and replayed: the seed,
+    drawn into device memory inside the graph and read by the kernels, must differ at every replay (a seed
+    passed as a number would be baked in: one mask for the whole run). Inductor must not skip the capture."""
+    from torch._dynamo.utils import counters
+
+    c = GPU_GRID["v3_padding"]
+    geom = _geometry(c, "cuda")
+    inputs = [t.detach() for t in _inputs(c, torch.bfloat16, "cuda")]  # v3: both position tables
+
+    @torch.compile(mode="reduce-overhead")
+    def attend(*tensors):
+        return _attend_v3(c, geom, *tensors)
+
+    skips = counters["inductor"]["cudagraph_skips"]
+    outs = [attend(*inputs).clone() for _ in range(5)]  # warm-up, record, then replays
+    assert counters["inductor"]["cudagraph_skips"] == skips, "Inductor did not capture a CUDA graph"
+    plain = _attend_v3(c, geom, *inputs, p=0.0)
+    for i in range(len(outs)):
+        assert not torch.equal(outs[i], plain)
+        for j in range(i):
+            assert not torch.equal(outs[i], outs[j]), f"calls {j} and {i} drew the same dropout mask"
 
 
 @pytest.mark.gpu
