@@ -19,7 +19,9 @@ Sections (all bfloat16 on one CUDA device):
 2. ``model``: whole-model tokens/s for the deberta-v3-base shape (12 layers, hidden 768), forward (inference) and
    training step (forward, backward, AdamW step), batch·N = 16384 tokens at N = 512; our model with each backend
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
-   (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``).
+   (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``). Then
+   ``forward batch 1``: one sequence of ``--latency-length`` (128) tokens, the latency of serving one request
+   (reranking, NER), where the host's work per layer, not the GPU's, sets the time.
    ``long``: batch 1 at N = 16384, 32768, 65536 (both ``triton`` rows and the sdpa ceiling): it must run, and
    its peak memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
    ``dropout``: the ``attention`` rows in training with dropout ``--dropout`` (0.1, the released models'
@@ -78,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--model-length", type=int, default=512)
+    p.add_argument("--latency-length", type=int, default=128, help="length of the model's batch-1 forward")
     p.add_argument(
         "--tiles",
         nargs="+",
@@ -536,25 +539,32 @@ def model_section(args, device: str, dtype) -> list[dict]:
     n = args.model_length
     batch = max(1, args.tokens // n)
     rows = []
+
+    def steps(model, b: int, length: int):
+        ids = torch.randint(5, 1000 if not args.smoke else 100, (b, length), device=device)
+        return _step_fns(model, device, dtype, dict(input_ids=ids, attention_mask=torch.ones_like(ids)))
+
     for dropout in (0.0, args.dropout):
         for name, model, _ in _models(args, device, dropout):
-            ids = torch.randint(5, 1000 if not args.smoke else 100, (batch, n), device=device)
-            kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
-            forward, train_step = _step_fns(model, device, dtype, kwargs)
-            modes = [("forward", forward), ("train_step", train_step)] if dropout == 0 else []
-            if dropout > 0:  # released models train with dropout 0.1 on hidden states and probabilities
-                modes = [("train_step dropout", train_step)]
-            for mode, fn in modes:
+            forward, train_step = steps(model, batch, n)
+            if dropout == 0:
+                modes = [("forward", forward, batch, n), ("train_step", train_step, batch, n)]
+                modes.append(
+                    ("forward batch 1", steps(model, 1, args.latency_length)[0], 1, args.latency_length)
+                )
+            else:  # released models train with dropout 0.1 on hidden states and probabilities
+                modes = [("train_step dropout", train_step, batch, n)]
+            for mode, fn, b, length in modes:
                 r = bench(fn, device)
                 row = {
                     "section": "model",
                     "impl": name,
                     "mode": mode,
-                    "n": n,
-                    "batch": batch,
+                    "n": length,
+                    "batch": b,
                     "dropout": dropout,
                 }
-                row.update(_tokens(r, batch * n))
+                row.update(_tokens(r, b * length))
                 rows.append(row)
                 print(_fmt(row), flush=True)
             del model
@@ -648,12 +658,12 @@ def print_table(rows: list[dict]) -> None:
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s} {'' if diff is None else f'{diff:.2e}':>13s}")  # fmt: skip
     other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles")]
     if other:
-        print("\nwhole model (deberta-v3-base shape), tokens/s")
+        print("\nwhole model (deberta-v3-base shape), tokens/s and ms per call")
         for r in other:
             layout = r.get("layout", f"N={r.get('n')}")
             val = r.get("tokens_per_s", r.get("error"))
             print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:18s} {val!s:>12s} "
-                  f"peak {r.get('peak_gib', '')} GiB")  # fmt: skip
+                  f"{r.get('ms', '')!s:>10s} ms  peak {r.get('peak_gib', '')} GiB")  # fmt: skip
 
 
 ROW_KEY = ("section", "impl", "n", "mode", "layout")  # what one measurement is; no two parts may both have it
@@ -703,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         device = "cpu"
         args.lengths = [n for n in args.lengths if n <= 64] or [16, 33]
-        args.tokens, args.heads, args.head_dim, args.model_length = 64, 2, 16, 32
+        args.tokens, args.heads, args.head_dim, args.model_length, args.latency_length = 64, 2, 16, 32, 12
         args.long_lengths = [n for n in args.long_lengths if n <= 64] or [32, 64]
     elif not torch.cuda.is_available():
         print(
