@@ -83,33 +83,32 @@ KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 # register spills in every feature set under every Triton version the report was run with (3.6, which PyTorch
 # 2.11 pins, and 3.9), preferring warpgroup tensor-core (HGMMA) code (`benchmarks/triton_static.py`, table in
 # benchmarks/results/triton_static.md). Not yet tuned by timing: `python benchmarks/attention_gpu.py --sections
-# tiles` times candidates on a GPU. DROPOUT_TILES replaces those that spill once the kernel draws its dropout mask.
+# tiles` times candidates on a GPU. DROPOUT_TILES: the choice for the kernels with dropout, where it differs.
 GPU_TILES = {
     64: {
-        "_fwd_kernel": Tiles(64, 32, 8, 2),
-        "_dq_kernel": Tiles(64, 32, 8, 2),
-        "_dkv_kernel": Tiles(32, 64, 8, 2),
+        "_fwd_kernel": Tiles(64, 64, 8, 2),
+        "_dq_kernel": Tiles(128, 32, 8, 2),
+        "_dkv_kernel": Tiles(32, 32, 4, 2),
     },
     128: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
-        "_dq_kernel": Tiles(64, 16, 8, 2),
+        "_dq_kernel": Tiles(64, 32, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 8, 2),
     },
 }
 DROPOUT_TILES = {
-    64: {},
-    128: {"_fwd_kernel": Tiles(64, 16, 8, 2), "_dq_kernel": Tiles(32, 32, 8, 2)},
+    64: {"_fwd_kernel": Tiles(128, 32, 8, 2), "_dq_kernel": Tiles(64, 32, 8, 2)},
+    128: {},
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
 # How the forward gets the near band's position terms: "tables" gathers them from the precomputed N×R products;
 # "skew" computes them inside the kernel from the position tables (no N×R table in memory; see `triton_kernels`),
-# only at distance i - j, without p2p, without dropout (Triton 3.9 does not compile it with dropout) and at head
-# dims up to 64 (at 128 every tile of the static report spills), with tables in the inputs' dtype; other calls
-# use "tables". Which is faster is for a GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and
+# only at distance i - j, without p2p, without dropout (Triton 3.9 does not compile it with dropout), with tables
+# in the inputs' dtype; other calls use "tables". Which is faster is for a GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and
 # "triton skew-forward") in one run. SKEW_TILES: its forward tiles, from the static report.
 FORWARD_POSITIONS = "tables"
-SKEW_TILES = {64: Tiles(32, 32, 8, 2)}
+SKEW_TILES = {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 32, 8, 2)}
 
 
 def tiles_for(
@@ -137,8 +136,8 @@ def _uses_skew(
     q: Tensor, pos_q: Tensor | None, pos_k: Tensor | None, ij: bool, p2p: bool, dropout: bool
 ) -> bool:
     """Whether the forward computes the near band's terms from the position tables (`FORWARD_POSITIONS`):
-    distance i - j, no p2p, no dropout, head dim up to 64, tables in the inputs' dtype (the products run on the
-    tensor cores in that dtype)."""
+    distance i - j, no p2p, no dropout, a head dim with skew tiles, tables in the inputs' dtype (the products run
+    on the tensor cores in that dtype)."""
     if FORWARD_POSITIONS not in ("tables", "skew"):
         raise ValueError(
             f"triton_backend.FORWARD_POSITIONS must be 'tables' or 'skew', got {FORWARD_POSITIONS!r}"
@@ -194,6 +193,25 @@ def _tables(
 def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
     table = row if row is not None else col
     return 1 if table is None else table.shape[-1]
+
+
+def _kernel_layout(t: Tensor) -> Tensor:
+    """(B, H, N, d) ``t`` as the kernels read it: itself when it is contiguous, or a contiguous (B, N, H, d)
+    tensor viewed as (B, H, N, d) (what `split_heads` gives: no copy), else a contiguous copy. Both layouts are
+    dense, so ``empty_like`` gives the output and the gradients the same strides (see `triton_kernels`)."""
+    return t if t.is_contiguous() or t.transpose(1, 2).is_contiguous() else t.contiguous()
+
+
+def _like(t: Tensor, ref: Tensor) -> Tensor:
+    """``t`` with the strides of ``ref`` (the kernels read both through one set of strides): a copy only when
+    they differ."""
+    return t if t.stride() == ref.stride() else torch.empty_like(ref, dtype=t.dtype).copy_(t)
+
+
+def _strides(q: Tensor, k: Tensor) -> tuple[int, ...]:
+    """SQB, SQH, SQN, SKB, SKH, SKN: the kernels' strides of the query side (Q, OUT, DO, DQ) and of the key side
+    (K, V, DK, DV)."""
+    return (*q.stride()[:3], *k.stride()[:3])
 
 
 def _dummy(device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
@@ -266,7 +284,7 @@ def _fwd_op(
             row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
             pos_q if skew and pos_q is not None else q, pos_k if skew and pos_k is not None else q,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
-            k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse,
+            k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, NQ, NK, R, sat, table.shape[1] if table is not None else 1, scale, **_dropout_args(seed, drop_t, q.device),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, WT=2 * max(t.block_m, t.block_n),
@@ -316,11 +334,11 @@ def _bwd_op(
         row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
         R = _table_rows(row, col)
         W = 2 * sat + 1
-        dout = dout.contiguous()
+        dout = _like(dout, q)  # read through q's strides
         delta = (dout.float() * out.float()).sum(-1)  # (B, H, Nq): rowsum(P ∘ dP) = dO·O
-        dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        dk = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-        dv = torch.empty(v.shape, dtype=torch.float32, device=q.device)
+        dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
+        dk = torch.empty_like(k, dtype=torch.float32)
+        dv = torch.empty_like(k, dtype=torch.float32)
         dummy = _dummy(q.device)
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
         dq_dist = (
@@ -346,12 +364,12 @@ def _bwd_op(
         kern = _kernels()
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, dout, lse, delta, *tables, kv_lo, kv_hi,
-            dq, dq_dist if dq_dist is not None else dummy.float(),
+            dq, dq_dist if dq_dist is not None else dummy.float(), *_strides(q, k),
             H, NQ, NK, R, sat, scale, **flags, **_launch(t_dq),
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
-            dk, dv, dk_dist if dk_dist is not None else dummy.float(),
+            dk, dv, dk_dist if dk_dist is not None else dummy.float(), *_strides(q, k),
             H, NQ, NK, R, sat, scale, **flags, **_launch(t_dkv),
         )  # fmt: skip
         del row, col, tables  # free the N×R tables before the N×R row gradients are built
@@ -566,15 +584,19 @@ def triton_attention(
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1
-    if max(NQ, NK) * max(D, rows, 2 * sat + 1) >= 2**31:
+    q = _kernel_layout(q)
+    k = _kernel_layout(k.to(q.dtype))
+    v = _like(v.to(q.dtype), k)
+    row_stride = max(D, rows, 2 * sat + 1, q.stride(2), k.stride(2))
+    if max(NQ, NK) * row_stride >= 2**31:
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
-            f"{max(D, rows, 2 * sat + 1)} columns is too large"
+            f"{row_stride} elements per row is too large"
         )
     out, _ = _fwd_op(
-        q.contiguous(),
-        k.to(q.dtype).contiguous(),
-        v.to(q.dtype).contiguous(),
+        q,
+        k,
+        v,
         pos_q.contiguous() if pos_q is not None and (p2c or p2p) else None,
         pos_k.contiguous() if pos_k is not None and (c2p or p2p) else None,
         lut,

@@ -22,6 +22,12 @@ themselves instead of ROW / COL, so no N×R table is written or read. A near til
 + BLOCK_N - 1`` of them (``tl.gather``: a skewed read of a tile in registers). ROW / COL then hold only the two
 saturated values per query row / key column, (N, 2), for the far tiles.
 
+Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
+layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
+layout `merge_heads` wants. Query-side tensors (Q, OUT, DO, DQ) share one set of strides ``SQB, SQH, SQN``,
+key-side ones (K, V, DK, DV) another, ``SKB, SKH, SKN``; d is contiguous. Offsets to a program's (b, h) are 64-bit,
+offsets inside it 32-bit (the caller checks N · row stride < 2**31).
+
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
 `Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
 indices alone; otherwise positions are loaded per block and the classification uses their min / max.
@@ -262,7 +268,7 @@ def _table_grad(
 
 @triton.jit
 def _query_block(
-    Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT,
+    Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr,
     IJ: tl.constexpr, SKEW: tl.constexpr = False,
 ):  # fmt: skip
@@ -270,7 +276,7 @@ def _query_block(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     m_in = offs_m < NQ
-    q = tl.load(Q + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+    q = tl.load(Q + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
     qpos = _positions(QPOS, offs_m, m_in, IJ)
     qpos_min = tl.min(tl.where(m_in, qpos, _BIG), 0)
     qpos_max = tl.max(tl.where(m_in, qpos, -_BIG), 0)
@@ -306,6 +312,12 @@ def _fwd_kernel(
     KV_HI,
     OUT,
     LSE,
+    SQB,
+    SQH,
+    SQN,
+    SKB,
+    SKH,
+    SKN,
     H,
     NQ,
     NK,
@@ -335,12 +347,14 @@ def _fwd_kernel(
     # 64-bit offsets once per program, to this (b, h) or b; 32-bit offsets inside
     q_off = bh.to(tl.int64) * NQ
     k_off = bh.to(tl.int64) * NK
-    Q += q_off * HEAD_DIM
-    OUT += q_off * HEAD_DIM
+    q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
+    k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
+    Q += q_base
+    OUT += q_base
     LSE += q_off
     ROW += q_off * R
-    K += k_off * HEAD_DIM
-    V += k_off * HEAD_DIM
+    K += k_base
+    V += k_base
     COL += k_off * R
     QPOS += b * NQ
     QSEG += b * NQ
@@ -353,7 +367,7 @@ def _fwd_kernel(
     PK += (bh % H) * TR * HEAD_DIM
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
@@ -368,7 +382,7 @@ def _fwd_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
         k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
@@ -391,7 +405,7 @@ def _fwd_kernel(
     if DROPOUT:
         acc *= drop_scale
     out = acc / tl.where(visible, l_i, 1.0)[:, None]  # rows with no visible key: zeros
-    out_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    out_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     tl.store(OUT + out_ptrs, out.to(OUT.dtype.element_ty), mask=m_in[:, None])
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
@@ -418,6 +432,12 @@ def _dq_kernel(
     KV_HI,
     DQ,
     DQ_DIST,
+    SQB,
+    SQH,
+    SQN,
+    SKB,
+    SKH,
+    SKN,
     H,
     NQ,
     NK,
@@ -445,15 +465,17 @@ def _dq_kernel(
     W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
     k_off = bh.to(tl.int64) * NK
-    Q += q_off * HEAD_DIM
-    DO += q_off * HEAD_DIM
-    DQ += q_off * HEAD_DIM
+    q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
+    k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
+    Q += q_base
+    DO += q_base
+    DQ += q_base
     LSE += q_off
     DELTA += q_off
     ROW += q_off * R
     DQ_DIST += q_off * W
-    K += k_off * HEAD_DIM
-    V += k_off * HEAD_DIM
+    K += k_base
+    V += k_base
     COL += k_off * R
     QPOS += b * NQ
     QSEG += b * NQ
@@ -464,9 +486,9 @@ def _dq_kernel(
     KMASK += b * NK
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
     )
-    q_ptrs = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
     lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
     dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
@@ -482,7 +504,7 @@ def _dq_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
         k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
@@ -527,6 +549,12 @@ def _dkv_kernel(
     DK,
     DV,
     DK_DIST,
+    SQB,
+    SQH,
+    SQN,
+    SKB,
+    SKH,
+    SKN,
     H,
     NQ,
     NK,
@@ -554,15 +582,17 @@ def _dkv_kernel(
     W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
     k_off = bh.to(tl.int64) * NK
-    Q += q_off * HEAD_DIM
-    DO += q_off * HEAD_DIM
+    q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
+    k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
+    Q += q_base
+    DO += q_base
     LSE += q_off
     DELTA += q_off
     ROW += q_off * R
-    K += k_off * HEAD_DIM
-    V += k_off * HEAD_DIM
-    DK += k_off * HEAD_DIM
-    DV += k_off * HEAD_DIM
+    K += k_base
+    V += k_base
+    DK += k_base
+    DV += k_base
     COL += k_off * R
     DK_DIST += k_off * W
     QPOS += b * NQ
@@ -576,7 +606,7 @@ def _dkv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     n_in = offs_n < NK
-    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
     k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
     v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
     lo = tl.min(tl.load(Q_LO + offs_n, mask=n_in, other=_BIG), 0)
@@ -591,9 +621,10 @@ def _dkv_kernel(
         seed = tl.load(SEED)  # once per program (see the module docstring)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
-        )
-        do = tl.load(DO + (offs_m[:, None] * HEAD_DIM + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, SQN,
+            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ,
+        )  # fmt: skip
+        do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(

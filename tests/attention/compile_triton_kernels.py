@@ -24,7 +24,7 @@ import triton  # noqa: E402
 
 from debertakit.attention import triton_kernels as K  # noqa: E402
 from debertakit.attention.triton_aot import FLAGS, compile_kernel  # noqa: E402
-from debertakit.attention.triton_backend import KERNEL_NAMES, tiles_for  # noqa: E402
+from debertakit.attention.triton_backend import KERNEL_NAMES, SKEW_TILES, tiles_for  # noqa: E402
 
 
 def configurations(everything: bool):
@@ -35,7 +35,7 @@ def configurations(everything: bool):
                 flags = dict(every, DROPOUT=dropout, SKEW=False)
                 yield "bf16", head_dim, flags, 90
                 yield "bf16", head_dim, dict(flags, IJ=False), 90
-            if head_dim <= 64:  # the skewed forward (head dims up to 64, no dropout)
+            if head_dim <= max(SKEW_TILES):  # the skewed forward (no dropout)
                 yield "bf16", head_dim, dict(every, DROPOUT=False), 90
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
@@ -49,8 +49,8 @@ def configurations(everything: bool):
 
 def _buildable(flags: dict, head_dim: int) -> dict:
     """The flags as the backend would build them: the skewed forward only at distance i - j, without dropout,
-    at head dims up to 64 (`triton_backend._uses_skew`)."""
-    if flags["SKEW"] and (head_dim > 64 or flags["DROPOUT"] or not flags["IJ"]):
+    at head dims with skew tiles (`triton_backend._uses_skew`)."""
+    if flags["SKEW"] and (head_dim > max(SKEW_TILES) or flags["DROPOUT"] or not flags["IJ"]):
         return dict(flags, SKEW=False)
     return flags
 
