@@ -18,10 +18,12 @@ import dataclasses
 import os
 import sys
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -509,28 +511,27 @@ def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
     _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
 
 
+class _Ops(TorchDispatchMode):
+    """Counts the torch ops a call runs (a custom op counts once: its own work runs below the mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_layers_after_the_first_reuse_the_geometrys_inputs():
     """Positions, segments, key mask and block ranges are the same in every layer: built on the first call with a
     geometry, then reused (one forward of a base model calls the backend 12 times with one geometry)."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func)] += 1  # the op's own work (our custom op's kernels) runs below the mode
-            return func(*args, **(kwargs or {}))
-
     c = GRID["packed_causal"]
     geom = _geometry(c, DEVICE)
     inputs = [t.detach() if t is not None else None for t in _inputs(c, torch.float32, DEVICE)]
     counts, outs = [], []
     for _ in range(2):
-        with Ops() as probe:
+        with _Ops() as probe:
             outs.append(triton_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)[0])
         counts.append(probe.ops)
     assert sum(counts[0].values()) > 20  # int32 rows, segment and block ranges, the lookup table
@@ -543,19 +544,6 @@ def test_projection_layout_is_read_and_written_in_place(name):
     """q, k, v as `split_heads` gives them, (B, N, H, d) memory viewed as (B, H, N, d): the kernels read them
     through strides (no copy) and write the output and the gradients in that layout (so `merge_heads` is a view);
     results equal those of contiguous inputs."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func)] += 1
-            return func(*args, **(kwargs or {}))
-
     c = dataclasses.replace(GRID[name], heads=max(3, GRID[name].heads))  # several heads: layouts differ
     geom = _geometry(c, DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
@@ -574,7 +562,7 @@ def test_projection_layout_is_read_and_written_in_place(name):
     torch.testing.assert_close(out, want[0], atol=1e-6, rtol=1e-6)
     for a, b in zip(grads, want[1]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
-    with torch.no_grad(), Ops() as probe:  # geometry inputs cached by now: the fused op and views, no copy
+    with torch.no_grad(), _Ops() as probe:  # geometry inputs cached by now: the fused op and views, no copy
         triton_attention(*split, *inputs[3:], c.rel, geom, scale=0.2, terms=c.terms)
     assert set(probe.ops) <= {"debertakit.disentangled_attention_fwd.default", "aten.transpose.int"}, (
         probe.ops
