@@ -1,0 +1,200 @@
+"""The work the `triton` backend does around its kernels, counted without a GPU.
+
+Every call of the backend runs PyTorch operations besides the fused kernels: the N×R tables of the position
+terms, the backward's fold of its distance-space gradients into the position tables and into dQ / dK. This work
+is linear in N, but it can still cost as much as the kernels: a float32 matmul runs on a GPU's CUDA cores, an
+order of magnitude slower than a 16-bit one on the tensor cores, and every (B, H, N, R) buffer is written and read
+through memory.
+
+This script counts that work exactly, at the GPU benchmark's shapes, by running the backend's forward and
+backward on PyTorch's ``meta`` device (shapes without data, standing for the GPU: the code takes its GPU paths)
+with the kernel launches replaced by no-ops, under a dispatch mode that records every operation:
+
+- matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
+- bytes moved: each operation's tensor inputs read and outputs written once (views move nothing; a fill writes
+  only). An estimate of memory traffic, not a measurement of it.
+
+The kernels' own work is the attention FLOPs, 4·N²·d per head forward and 2.5 times that backward (the
+convention of ``attention_gpu.py``); the table prints the host-side FLOPs next to it.
+
+    python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from debertakit.attention import triton_backend  # noqa: E402
+from debertakit.attention.eager import PositionTerms  # noqa: E402
+from debertakit.attention.geometry import Geometry  # noqa: E402
+from debertakit.attention.relative import RelativeIndex, scale_for  # noqa: E402
+
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
+VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
+FILLS = {"fill_", "zero_", "zeros", "zeros_like", "empty", "empty_like", "new_empty", "empty_strided", "full"}
+
+
+def _matmul_flops(name: str, args) -> int:
+    a, b = (args[1], args[2]) if name.startswith(("addmm", "baddbmm", "addbmm")) else (args[0], args[1])
+    batch = math.prod(a.shape[:-2])
+    return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+
+
+class Recorder(TorchDispatchMode):
+    """FLOPs by operand dtype and bytes read and written, of every operation."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = {"fp32": 0, "16-bit": 0}
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in VIEWS:
+            return out
+        ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if name in MATMULS:
+            operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
+            self.flops[operand] += _matmul_flops(name, args)
+        reads = 0 if name in FILLS else sum(t.numel() * t.element_size() for t in ins)
+        self.bytes += reads + sum(t.numel() * t.element_size() for t in outs)
+        return out
+
+
+class _NoLaunch:
+    """Stands for the kernels module: ``kernel[grid](...)`` does nothing."""
+
+    def __getattr__(self, name):
+        return _NoLaunch()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def _patched(module, **values):
+    """Attributes of ``module`` set to ``values`` inside the block, restored after it."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+_AUTOCAST = torch.autocast
+
+
+def _autocast_off_on_meta(device_type: str, *args, **kwargs):
+    """The ops turn autocast off for their device, which autocast does not know for ``meta``: nothing to do."""
+    return contextlib.nullcontext() if device_type == "meta" else _AUTOCAST(device_type, *args, **kwargs)
+
+
+def measure(n: int, tokens: int, heads: int, dim: int, forward_positions: str, dtype=torch.bfloat16) -> dict:
+    """Host-side work of one forward and one backward of the attention layer at (tokens // n, n)."""
+    batch = tokens // n
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base
+    terms = PositionTerms(c2p=True, p2c=True)
+    dev = "meta"
+    # q, k, v as the projections produce them: (B, N, H, d) viewed as (B, H, N, d)
+    q, k, v = (torch.empty(batch, n, heads, dim, device=dev, dtype=dtype).transpose(1, 2) for _ in range(3))
+    pos_q, pos_k = (torch.empty(heads, rel.table_rows, dim, device=dev, dtype=dtype) for _ in range(2))
+    calls = {}
+    fwd_body, bwd_body = triton_backend._fwd_op._init_fn, triton_backend._bwd_op._init_fn
+
+    def fwd(*inputs):  # the op's body, recorded, and its backward's body on the saved inputs, recorded
+        with Recorder() as rec:
+            out, lse = fwd_body(*inputs)
+        calls["forward"] = rec
+        tensors, scalars = inputs[: triton_backend._N_FWD_TENSORS], inputs[triton_backend._N_FWD_TENSORS :]
+        q_, k_, v_, pq, pk, *rest = tensors
+        dout = torch.empty_like(out)
+        with Recorder() as rec:
+            bwd_body(dout, q_, k_, v_, out, lse, pq, pk, *rest, *scalars)
+        calls["backward"] = rec
+        return out, lse
+
+    with _patched(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, FORWARD_POSITIONS=forward_positions):
+        with _patched(torch, autocast=_autocast_off_on_meta):
+            triton_backend.triton_attention(
+                q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
+            )
+    attention = 4 * n * n * dim * heads * batch
+    row = dict(n=n, batch=batch, forward_positions=forward_positions, attention_fwd_flops=attention)
+    for phase, rec in calls.items():
+        row[phase] = dict(
+            fp32_flops=rec.flops["fp32"],
+            half_flops=rec.flops["16-bit"],
+            bytes=rec.bytes,
+        )
+    return row
+
+
+def _table(rows: list[dict]) -> str:
+    head = (
+        "| N | batch | forward | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
+        "| GB moved |\n|---:|---:|---|---|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        for phase, mult in (("forward", 1.0), ("backward", 2.5)):
+            c = r[phase]
+            attention = mult * r["attention_fwd_flops"]  # the kernels' FLOPs in this phase
+            lines.append(
+                f"| {r['n']} | {r['batch']} | {r['forward_positions']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
+                f"| {c['half_flops'] / 1e9:.1f} | {c['fp32_flops'] / attention:.1%} | {c['half_flops'] / attention:.1%} "
+                f"| {c['bytes'] / 1e9:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192])
+    p.add_argument("--tokens", type=int, default=16384, help="batch · N (the GPU benchmark's shape)")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_host_cost.json")
+    args = p.parse_args(argv)
+    rows = [
+        measure(n, args.tokens, args.heads, args.dim, fp) for n in args.lengths for fp in ("tables", "skew")
+    ]
+    table = _table(rows)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        command="python benchmarks/triton_host_cost.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        shape=dict(tokens=args.tokens, heads=args.heads, dim=args.dim, dtype="bfloat16", relative="v3-base"),
+        rows=rows,
+        table=table,
+    )
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+
+
+if __name__ == "__main__":
+    main()
