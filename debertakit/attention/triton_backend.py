@@ -88,7 +88,7 @@ GPU_TILES = {
     64: {
         "_fwd_kernel": Tiles(64, 64, 8, 2),
         "_dq_kernel": Tiles(128, 32, 8, 2),
-        "_dkv_kernel": Tiles(32, 32, 4, 2),
+        "_dkv_kernel": Tiles(64, 16, 8, 2),
     },
     128: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
@@ -97,7 +97,11 @@ GPU_TILES = {
     },
 }
 DROPOUT_TILES = {
-    64: {"_fwd_kernel": Tiles(128, 32, 8, 2), "_dq_kernel": Tiles(64, 32, 8, 2)},
+    64: {
+        "_fwd_kernel": Tiles(128, 32, 8, 2),
+        "_dq_kernel": Tiles(64, 32, 8, 2),
+        "_dkv_kernel": Tiles(32, 32, 4, 2),
+    },
     128: {},
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
@@ -163,30 +167,49 @@ def _flags(
     )
 
 
+_BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()  # bmm(..., out_dtype=): PyTorch 2.8 and later
+
+
+def _matmul_f32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` as float32, a (B, H, M, K), b (H, K, N) or (B, H, K, N). On a GPU with 16-bit operands the
+    product runs on the tensor cores with a float32 result (exact products, float32 accumulation: what the
+    kernels compute from the same operands); float32 operands on CUDA cores would be an order of magnitude slower
+    for the same numbers. Elsewhere (the CPU interpreter, float32 inputs) the operands are widened to float32."""
+    half = a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
+    if not half or a.device.type == "cpu" or not _BMM_OUT_DTYPE:  # CPU has no 16-bit -> float32 bmm
+        return torch.matmul(a.float(), b.float())
+    B, H, M, K = a.shape
+    N = b.shape[-1]
+    out = torch.bmm(
+        a.reshape(B * H, M, K), b.expand(B, H, K, N).reshape(B * H, K, N), out_dtype=torch.float32
+    )
+    return out.view(B, H, M, N)
+
+
 def _tables(
     q: Tensor,
     k: Tensor,
     pos_q: Tensor | None,
     pos_k: Tensor | None,
-    scale: float,
     c2p: bool,
     p2c: bool,
     p2p: bool,
     rows: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """ROW = (Q·Krᵀ + p2p) · scale (B, H, Nq, R) and COL = K·Qrᵀ · scale (B, H, Nk, R), float32 (Algorithm 1);
-    with ``rows``, only those rows of the tables (the skewed forward needs the two saturated ends)."""
+    """ROW = Q·Krᵀ + p2p (B, H, Nq, R) and COL = K·Qrᵀ (B, H, Nk, R), float32, unscaled (the kernels scale each
+    score once: see `triton_kernels`); with ``rows``, only those rows of the tables (the skewed forward needs
+    the two saturated ends)."""
     if rows is not None:
         pos_q = None if pos_q is None else pos_q[:, rows]
         pos_k = None if pos_k is None else pos_k[:, rows]
     row = col = None
     if c2p:
-        row = torch.matmul(q.float(), pos_k.float().transpose(-1, -2)) * scale
+        row = _matmul_f32(q, pos_k.transpose(-1, -2))
     if p2p:
-        bias = (pos_q.float() * pos_k.float()).sum(-1)[None, :, None, :] * scale  # (1, H, 1, R)
-        row = bias.expand(q.shape[0], -1, q.shape[2], -1) if row is None else row + bias
+        bias = (pos_q.float() * pos_k.float()).sum(-1)[None, :, None, :]  # (1, H, 1, R)
+        row = bias.expand(q.shape[0], -1, q.shape[2], -1) if row is None else row.add_(bias)
     if p2c:
-        col = torch.matmul(k.float(), pos_q.float().transpose(-1, -2)) * scale
+        col = _matmul_f32(k, pos_q.transpose(-1, -2))
     return (None if row is None else row.contiguous()), (None if col is None else col.contiguous())
 
 
@@ -268,7 +291,7 @@ def _fwd_op(
         skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0)
         # the skewed forward's near band needs no table: only its two ends (first and last LUT entry)
         ends = lut[:: lut.numel() - 1].long() if skew else None
-        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p, rows=ends)
+        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=ends)
         R = _table_rows(row, col)
         assert not skew or R == 2, (
             "the skewed forward's ROW / COL hold the two ends only (the kernel's `_end`)"
@@ -295,6 +318,23 @@ def _fwd_op(
 @_fwd_op.register_fake
 def _(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor) -> Tensor:
+    """Σ over distances of dist(n, δ) · table[idx(δ)]: the gradient (B, H, N, d) that ROW / COL's cells pass to
+    Q / K (unscaled), as one matmul in distance space against the table rows gathered through the LUT, (H, W, d).
+    No (N, R) buffer: folding the distances into table rows first would write and read one (the index_add), and
+    its matmul would run on float32 operands."""
+    return _matmul_f32(dist, table[:, lut])
+
+
+def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int) -> Tensor:
+    """Σ over (b, n) of dist(n, δ) · content_n, folded into table rows: the gradient (H, R, d) of the position
+    table (unscaled). The (W, d) products per (b, h) are summed over the batch and added into their rows
+    through the LUT (exact: each distance has one row)."""
+    per_distance = _matmul_f32(dist.transpose(-1, -2), content).sum(0)  # (H, W, d)
+    out = torch.zeros((per_distance.shape[0], rows, per_distance.shape[2]), device=dist.device)
+    return out.index_add_(1, lut, per_distance)
 
 
 @torch.library.custom_op("debertakit::disentangled_attention_bwd", mutates_args=())
@@ -331,22 +371,18 @@ def _bwd_op(
     with torch.autocast(q.device.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        row, col = _tables(q, k, pos_q, pos_k, scale, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
+        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
         R = _table_rows(row, col)
         W = 2 * sat + 1
         dout = _like(dout, q)  # read through q's strides
         delta = (dout.float() * out.float()).sum(-1)  # (B, H, Nq): rowsum(P ∘ dP) = dO·O
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
-        dk = torch.empty_like(k, dtype=torch.float32)
-        dv = torch.empty_like(k, dtype=torch.float32)
+        dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
+        dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
         dummy = _dummy(q.device)
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
-        dq_dist = (
-            torch.zeros((B, H, NQ, W), dtype=torch.float32, device=q.device) if row is not None else None
-        )
-        dk_dist = (
-            torch.zeros((B, H, NK, W), dtype=torch.float32, device=q.device) if col is not None else None
-        )
+        dq_dist = torch.zeros((B, H, NQ, W), dtype=q.dtype, device=q.device) if row is not None else None
+        dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=q.device) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
         flags.update(_dropout_args(seed, drop_t, q.device))
         t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0)
@@ -372,33 +408,26 @@ def _bwd_op(
             dk, dv, dk_dist if dk_dist is not None else dummy.float(), *_strides(q, k),
             H, NQ, NK, R, sat, scale, **flags, **_launch(t_dkv),
         )  # fmt: skip
-        del row, col, tables  # free the N×R tables before the N×R row gradients are built
+        del row, col, tables  # free the N×R tables before the fold
         dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
         dpos_k = torch.zeros_like(pos_k, dtype=torch.float32) if pos_k is not None else q.new_empty(0)
         lut_long = lut.long()
-        if dq_dist is not None:
-            # fold distances into table rows (exact: each distance has one row), then the chain rule of
-            # ROW = (Q·Krᵀ + p2p) · scale
-            d_row = torch.zeros((B, H, NQ, R), dtype=torch.float32, device=q.device)
-            d_row.index_add_(3, lut_long, dq_dist)
-            del dq_dist
+        if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
-                dq += torch.matmul(d_row, pos_k.float()) * scale
-                dpos_k += torch.einsum("bhnr,bhnd->hrd", d_row, q.float()) * scale
+                dq.add_(_fold_into_content(dq_dist, pos_k, lut_long), alpha=scale)
+                dpos_k.add_(_fold_into_table(dq_dist, q, lut_long, pos_k.shape[1]), alpha=scale)
             if p2p:
-                g = d_row.sum((0, 2))[..., None] * scale  # (H, R, 1)
-                dpos_q += g * pos_k.float()
-                dpos_k += g * pos_q.float()
-        if dk_dist is not None:
-            d_col = torch.zeros((B, H, NK, R), dtype=torch.float32, device=q.device)
-            d_col.index_add_(3, lut_long, dk_dist)
-            del dk_dist
-            dk += torch.matmul(d_col, pos_q.float()) * scale
-            dpos_q += torch.einsum("bhnr,bhnd->hrd", d_col, k.float()) * scale
+                per_row = dq_dist.sum((0, 2), dtype=torch.float32)  # (H, W)
+                g = torch.zeros(pos_k.shape[:2], device=q.device).index_add_(1, lut_long, per_row)[..., None]
+                dpos_q += g * scale * pos_k.float()
+                dpos_k += g * scale * pos_q.float()
+        if dk_dist is not None:  # COL = K·Qrᵀ
+            dk.add_(_fold_into_content(dk_dist, pos_q, lut_long), alpha=scale)
+            dpos_q.add_(_fold_into_table(dk_dist, k, lut_long, pos_q.shape[1]), alpha=scale)
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),
-        dv.to(v.dtype),
+        dv,
         dpos_q.to(pos_q.dtype) if pos_q is not None else dpos_q,
         dpos_k.to(pos_k.dtype) if pos_k is not None else dpos_k,
     )

@@ -2,10 +2,12 @@
 
 Notation (one batch row ``b``, one head ``h``; see `eager_attention` for the spec):
 
-    s(i, j) = q_i·k_j · scale + ROW[i, idx(i, j)] + COL[j, idx(i, j)]
+    s(i, j) = (q_i·k_j + ROW[i, idx(i, j)] + COL[j, idx(i, j)]) · scale
 
-``ROW = (Q Krᵀ + p2p bias) · scale`` (B, H, Nq, R) and ``COL = K Qrᵀ · scale`` (B, H, Nk, R) are the N×R products
-of the paper's Algorithm 1, computed once per call by the caller (cheap matmuls, linear in N). ``idx(i, j) =
+``ROW = Q Krᵀ + p2p bias`` (B, H, Nq, R) and ``COL = K Qrᵀ`` (B, H, Nk, R) are the N×R products of the paper's
+Algorithm 1, computed once per call by the caller (matmuls linear in N, on the tensor cores with float32 results).
+The kernels scale the values they read (one row / column value per far tile, an FMA per gathered element), so
+the tables need no pass of their own to scale them. ``idx(i, j) =
 LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup table as every other backend
 (never recomputed from the log-bucket formula, whose float rounding would not be exact).
 
@@ -37,8 +39,9 @@ COL[j, idx]. Within one query row the visible keys have distinct positions (one 
 space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
 block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums the saturated pairs of each side
 into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
-No cell is written twice, so plain stores suffice. The caller folds the (N, 2·SAT + 1) distance buffers into
-(N, R) table rows with one ``index_add`` over the LUT (exact) and finishes with matmuls.
+No cell is written twice, so plain stores suffice. The buffers hold the inputs' dtype (one rounding of each dS, as
+`eager` rounds its score gradients to that dtype; the two end cells are summed in float32 first). The caller
+finishes the chain rule with matmuls in distance space (see `triton_backend`).
 
 Dropout on the probabilities (``DROPOUT``): element (i, j) of head ``bh`` is dropped when its 16-bit random
 number is below ``DROP_T = round(p · 2**16)`` (the rule of `debertakit.attention.dropout`), kept ones scaled by
@@ -182,14 +185,14 @@ def _tile(
         if far_right:
             # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
-                s += row_r[:, None]
+                s += (row_r * scale)[:, None]
             if HAS_COL:
-                s += _far_col(COL, LUT, offs_n, n_in, R, SAT, 1, SKEW)[None, :]
+                s += (_far_col(COL, LUT, offs_n, n_in, R, SAT, 1, SKEW) * scale)[None, :]
         elif far_left:
             if HAS_ROW:
-                s += row_l[:, None]
+                s += (row_l * scale)[:, None]
             if HAS_COL:
-                s += _far_col(COL, LUT, offs_n, n_in, R, SAT, 0, SKEW)[None, :]
+                s += (_far_col(COL, LUT, offs_n, n_in, R, SAT, 0, SKEW) * scale)[None, :]
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
@@ -200,9 +203,9 @@ def _tile(
             delta = qpos[:, None] - kpos[None, :]
             ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
             if HAS_ROW:
-                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0)
+                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0) * scale
             if HAS_COL:
-                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0)
+                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0) * scale
     s = tl.where(allowed, s, float("-inf"))
     return s, allowed, kpos, far_left, far_right
 
@@ -262,7 +265,7 @@ def _table_grad(
             cells = own[:, None] * W + delta + SAT
         else:
             cells = own[None, :] * W + delta + SAT
-        tl.store(DIST + cells, ds, mask=near)
+        tl.store(DIST + cells, ds.to(DIST.dtype.element_ty), mask=near)
     return acc_l, acc_r
 
 
@@ -524,8 +527,8 @@ def _dq_kernel(
             )
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
-        tl.store(DQ_DIST + offs_m * W, far_l, mask=m_in)
-        tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r, mask=m_in)
+        tl.store(DQ_DIST + offs_m * W, far_l.to(DQ_DIST.dtype.element_ty), mask=m_in)
+        tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r.to(DQ_DIST.dtype.element_ty), mask=m_in)
 
 
 @triton.jit(do_not_specialize=["DROP_T"])
@@ -647,7 +650,7 @@ def _dkv_kernel(
                 DK_DIST, offs_n, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0
             )
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
-    tl.store(DV + kv_ptrs, dv, mask=n_in[:, None])
+    tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
     if HAS_COL:
-        tl.store(DK_DIST + offs_n * W, far_l, mask=n_in)
-        tl.store(DK_DIST + (offs_n * W + 2 * SAT), far_r, mask=n_in)
+        tl.store(DK_DIST + offs_n * W, far_l.to(DK_DIST.dtype.element_ty), mask=n_in)
+        tl.store(DK_DIST + (offs_n * W + 2 * SAT), far_r.to(DK_DIST.dtype.element_ty), mask=n_in)
