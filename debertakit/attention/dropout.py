@@ -7,6 +7,10 @@ number falls below ``round(p · 2**16)``: the probability is rounded to a multip
 0.100006), and the kept elements are scaled by ``1 / (1 - rounded p)`` so the expectation is exact. The masks
 come from the default generator of the device, so ``torch.manual_seed`` makes them reproducible and activation
 checkpointing replays them.
+
+On an accelerator `dropout` calls PyTorch's fused dropout instead, with the same rounded probability and scale:
+there a mask costs no more than the rest, and the 16-bit rule in PyTorch operations is about seven kernels and
+28 bytes of memory traffic per element (forward and backward) against two kernels and 10 bytes.
 """
 
 from __future__ import annotations
@@ -78,9 +82,12 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    """Functional form: ``x`` unchanged when not training or ``p == 0``."""
+    """Functional form: ``x`` unchanged when not training or ``p == 0``. Masks from 16-bit draws on the CPU,
+    PyTorch's fused dropout at the same rounded probability elsewhere (see the module docstring)."""
     if not training or p == 0.0:
         return x
+    if x.device.type != "cpu":
+        return torch.nn.functional.dropout(x, rounded_p(p), training=True)
     keep, scale = keep_mask(x.shape, p, x.device)
     return _MaskedScale.apply(x, keep, scale)
 

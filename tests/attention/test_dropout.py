@@ -70,3 +70,37 @@ def test_dropout_module_forward_and_backward():
     assert bool((g[dropped] == 0).all())
     torch.testing.assert_close(g[~dropped], torch.full_like(g[~dropped], scale))
     assert dropout(x, 0.5, training=False) is x
+
+
+def test_accelerators_use_pytorchs_fused_dropout_at_the_rounded_probability(monkeypatch):
+    """Off the CPU the 16-bit rule in PyTorch operations would be about seven kernels (random words, lanes,
+    compare, invert, fill, scale, and again backward): there `dropout` calls PyTorch's dropout, which on CUDA is
+    one fused kernel each way, with the probability the CPU rule applies. PyTorch's ``meta`` device stands for
+    the accelerator."""
+    calls = []
+
+    def spy(x, p, training):
+        calls.append((p, training))
+        return x
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", spy)
+    monkeypatch.setattr("debertakit.attention.dropout.keep_mask", lambda *a, **k: pytest.fail("16-bit rule"))
+    x = torch.empty(8, 16, device="meta")
+    assert Dropout(0.1).train()(x) is x
+    assert calls == [(rounded_p(0.1), True)]
+    assert Dropout(0.1).eval()(x) is x and len(calls) == 1  # no dropout at inference
+
+
+@pytest.mark.gpu
+def test_cuda_dropout_keeps_one_minus_p_and_follows_the_cuda_seed_gpu():
+    x = torch.ones(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.manual_seed(5)
+    a = dropout(x, 0.1)
+    torch.cuda.manual_seed(5)
+    b = dropout(x, 0.1)
+    assert torch.equal(a, b)
+    kept = (a != 0).float().mean().item()
+    assert abs(kept - (1 - rounded_p(0.1))) < 0.003
+    torch.testing.assert_close(
+        a[a != 0].float(), torch.full_like(a[a != 0].float(), 1 / (1 - rounded_p(0.1))), rtol=4e-3, atol=0
+    )
