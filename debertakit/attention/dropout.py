@@ -10,7 +10,8 @@ checkpointing replays them.
 
 On an accelerator `dropout` calls PyTorch's fused dropout instead, with the same rounded probability and scale:
 there a mask costs no more than the rest, and the 16-bit rule in PyTorch operations is about seven kernels and
-28 bytes of memory traffic per element (forward and backward) against two kernels and 10 bytes.
+35 bytes of memory traffic per element (forward and backward; the op recorder of
+``benchmarks/triton_host_cost.py``) against two kernels and about 10 bytes.
 """
 
 from __future__ import annotations

@@ -332,8 +332,14 @@ def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int) -> T
     """Σ over (b, n) of dist(n, δ) · content_n, folded into table rows: the gradient (H, R, d) of the position
     table (unscaled). The (W, d) products per (b, h) are summed over the batch and added into their rows
     through the LUT (exact: each distance has one row)."""
-    per_distance = _matmul_f32(dist.transpose(-1, -2), content).sum(0)  # (H, W, d)
-    out = torch.zeros((per_distance.shape[0], rows, per_distance.shape[2]), device=dist.device)
+    return _into_rows(
+        _matmul_f32(dist.transpose(-1, -2), content).sum(0), lut, rows
+    )  # (H, W, d) -> (H, R, d)
+
+
+def _into_rows(per_distance: Tensor, lut: Tensor, rows: int) -> Tensor:
+    """(H, W, ...) values per distance added into the table rows they index through the LUT: (H, R, ...)."""
+    out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
     return out.index_add_(1, lut, per_distance)
 
 
@@ -417,8 +423,8 @@ def _bwd_op(
                 dq.add_(_fold_into_content(dq_dist, pos_k, lut_long), alpha=scale)
                 dpos_k.add_(_fold_into_table(dq_dist, q, lut_long, pos_k.shape[1]), alpha=scale)
             if p2p:
-                per_row = dq_dist.sum((0, 2), dtype=torch.float32)  # (H, W)
-                g = torch.zeros(pos_k.shape[:2], device=q.device).index_add_(1, lut_long, per_row)[..., None]
+                per_distance = dq_dist.sum((0, 2), dtype=torch.float32)  # (H, W)
+                g = _into_rows(per_distance, lut_long, pos_k.shape[1])[..., None]  # (H, R, 1)
                 dpos_q += g * scale * pos_k.float()
                 dpos_k += g * scale * pos_q.float()
         if dk_dist is not None:  # COL = K·Qrᵀ
