@@ -11,8 +11,10 @@ Sections (all bfloat16 on one CUDA device):
    PyTorch's ``scaled_dot_product_attention`` on the same shapes without position terms (the ceiling),
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
    runs the q/k/v and position projections: its time includes them). ``triton skew-forward`` is ``triton`` with
-   `triton_backend.FORWARD_POSITIONS` = "skew": the forward's near band computed from the position tables inside
-   the kernel instead of gathered from N×R products (the backward is the same); the two rows decide the default.
+   `triton_backend.NEAR_BAND` = "skew-forward": the forward's near band computed from the position tables inside
+   the kernel instead of gathered from N×R products (the backward as in ``triton``); ``triton skew``, with
+   "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the three rows decide
+   the default.
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
    output's largest difference from ``triton``'s (default tiles) on the same inputs, relative to the largest
    value; above 2e-2 (the tests' bfloat16 tolerance) a verdict says its timing is of other work.
@@ -196,11 +198,8 @@ def _attention_rows(
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates and dropout_p == 0:
-        candidates["triton skew-forward"] = (
-            _with_backend_settings(candidates["triton"][0], FORWARD_POSITIONS="skew"),
-            leaves,
-            grad,
-        )
+        for row, mode in SKEW_ROWS.items():
+            candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
     candidates["sdpa (no position terms)"] = sdpa
     fd = _flashdeberta(q, k, v, pos_q, pos_k, scale) if dropout_p == 0 else None
@@ -274,7 +273,7 @@ def _max_diff(fwd: Callable, reference) -> float | str | None:
 
 def _with_backend_settings(run: Callable, **settings) -> Callable:
     """``run`` with module settings of `triton_backend` changed for the call and restored after it:
-    ``FORWARD_POSITIONS="skew"`` (the skewed forward), ``TILE_OVERRIDES={}`` (the backend's own tiles)."""
+    ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles)."""
     from debertakit.attention import triton_backend
 
     def patched():
@@ -308,7 +307,7 @@ def long_section(args, device: str, dtype) -> list[dict]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
-            only = ("triton", "triton skew-forward", "sdpa (no position terms)")
+            only = (*TRITON_ROWS, "sdpa (no position terms)")
             for row in _attention_rows(args, n, device, dtype, only=only):
                 row["section"] = "long"
                 rows.append(row)
@@ -363,7 +362,8 @@ TARGETS = (
 )
 
 
-TRITON_ROWS = ("triton", "triton skew-forward")
+SKEW_ROWS = {"triton skew-forward": "skew-forward", "triton skew": "skew"}  # row -> triton_backend.NEAR_BAND
+TRITON_ROWS = ("triton", *SKEW_ROWS)
 
 
 def verdicts(rows: list[dict]) -> list[str]:

@@ -108,8 +108,9 @@ def _autocast_off_on_meta(device_type: str, *args, **kwargs):
     return contextlib.nullcontext() if device_type == "meta" else _AUTOCAST(device_type, *args, **kwargs)
 
 
-def measure(n: int, tokens: int, heads: int, dim: int, forward_positions: str, dtype=torch.bfloat16) -> dict:
-    """Host-side work of one forward and one backward of the attention layer at (tokens // n, n)."""
+def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=torch.bfloat16) -> dict:
+    """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
+    `triton_backend.NEAR_BAND` = ``near_band``."""
     batch = tokens // n
     rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base
     terms = PositionTerms(c2p=True, p2c=True)
@@ -132,13 +133,13 @@ def measure(n: int, tokens: int, heads: int, dim: int, forward_positions: str, d
         calls["backward"] = rec
         return out, lse
 
-    with _patched(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, FORWARD_POSITIONS=forward_positions):
+    with _patched(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, NEAR_BAND=near_band):
         with _patched(torch, autocast=_autocast_off_on_meta):
             triton_backend.triton_attention(
                 q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
             )
     attention = 4 * n * n * dim * heads * batch
-    row = dict(n=n, batch=batch, forward_positions=forward_positions, attention_fwd_flops=attention)
+    row = dict(n=n, batch=batch, near_band=near_band, attention_fwd_flops=attention)
     for phase, rec in calls.items():
         row[phase] = dict(
             fp32_flops=rec.flops["fp32"],
@@ -150,7 +151,7 @@ def measure(n: int, tokens: int, heads: int, dim: int, forward_positions: str, d
 
 def _table(rows: list[dict]) -> str:
     head = (
-        "| N | batch | forward | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
+        "| N | batch | near band | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
         "| GB moved |\n|---:|---:|---|---|---:|---:|---:|---:|---:|"
     )
     lines = [head]
@@ -159,7 +160,7 @@ def _table(rows: list[dict]) -> str:
             c = r[phase]
             attention = mult * r["attention_fwd_flops"]  # the kernels' FLOPs in this phase
             lines.append(
-                f"| {r['n']} | {r['batch']} | {r['forward_positions']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
+                f"| {r['n']} | {r['batch']} | {r['near_band']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
                 f"| {c['half_flops'] / 1e9:.1f} | {c['fp32_flops'] / attention:.1%} | {c['half_flops'] / attention:.1%} "
                 f"| {c['bytes'] / 1e9:.2f} |"
             )
@@ -174,9 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_host_cost.json")
     args = p.parse_args(argv)
-    rows = [
-        measure(n, args.tokens, args.heads, args.dim, fp) for n in args.lengths for fp in ("tables", "skew")
-    ]
+    modes = triton_backend.NEAR_BAND_MODES
+    rows = [measure(n, args.tokens, args.heads, args.dim, mode) for n in args.lengths for mode in modes]
     table = _table(rows)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

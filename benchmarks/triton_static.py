@@ -7,16 +7,16 @@ HMMA, global loads (LDG: the near band's gathers are one per element) and instru
 configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
-Philox, which needs registers). The forward is also compiled with its near band computed from the position
-tables (``v3+skew``, ``packed+skew``: `triton_backend.FORWARD_POSITIONS` = "skew"; ``v3+skew+dropout``, which
-the backend does not build, records why) and with no position terms (``plain``): plain attention in the same
-kernel, the control.
+Philox, which needs registers). Every kernel is also compiled with its near band computed from the position
+tables (``v3+skew``, ``packed+skew``: `triton_backend.NEAR_BAND` = "skew"); the forward also as ``v3+skew+dropout``
+(which the backend does not build: the rows record why) and with no position terms (``plain``): plain attention in
+the same kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
-it; ``skew``, forward only: the two skewed sets) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
+it; ``skew``: the two skewed sets) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
 then the largest tile, then the squarer one, then the longer side along the kernel's loop (keys for the forward
 and dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
-(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed forward
+(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels
 `triton_backend.SKEW_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
 
 Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
@@ -77,17 +77,20 @@ FEATURES = {
 USES = {
     "inference": tuple(_SETS),
     "dropout": tuple(f"{name}+dropout" for name in _SETS),
-    "skew": ("v3+skew", "packed+skew"),  # the forward's near band from the position tables (no dropout)
+    "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables (no dropout)
 }
-FORWARD_ONLY = ("plain", "v3+skew", "packed+skew", "v3+skew+dropout")
+FORWARD_ONLY = ("plain", "v3+skew+dropout")
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
-# tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128)
+# tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
+# for the skewed backward, whose two extra products per near tile need the registers of a larger tile
 CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
     (64, 16, 8),
     (128, 16, 8),
     (32, 32, 4),
     (64, 32, 4),
     (32, 64, 4),
+    (32, 16, 4),
+    (16, 32, 4),
 ]
 
 
@@ -238,7 +241,8 @@ def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], cho
         "",
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
         "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
-        "the sets without dropout; dropout: the `+dropout` sets): no spills in any set of the use under any of the",
+        "the sets without dropout; dropout: the `+dropout` sets; skew: the `+skew` sets, the near band computed",
+        "from the position tables): no spills in any set of the use under any of the",
         "Triton versions; then HGMMA in all, the largest tile, the squarer tile, the longer side along the kernel's",
         "loop, fewer warps.",
         "",

@@ -37,6 +37,11 @@ class Tiles:
     def __str__(self) -> str:
         return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
 
+    @property
+    def skew_width(self) -> int:
+        """WT of the skewed kernels: a power of two holding a tile's BLOCK_M + BLOCK_N - 1 distances."""
+        return 2 * max(self.block_m, self.block_n)
+
 
 @dataclass
 class Compiled:
@@ -96,7 +101,7 @@ def compile_kernel(
 
     prec = 1 if dtype == "fp32" else 0
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, **flags)
-    constexprs["WT"] = 2 * max(tiles.block_m, tiles.block_n)  # the skewed forward's table block (see kernels)
+    constexprs["WT"] = tiles.skew_width  # the skewed kernels' table block (see kernels)
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     sig = signature(fn, dtype, constexprs)
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attributes(fn, sig))

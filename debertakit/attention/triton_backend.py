@@ -106,13 +106,34 @@ DROPOUT_TILES = {
 }
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
-# How the forward gets the near band's position terms: "tables" gathers them from the precomputed N×R products;
-# "skew" computes them inside the kernel from the position tables (no N×R table in memory; see `triton_kernels`),
-# only at distance i - j, without p2p, without dropout (Triton 3.9 does not compile it with dropout), with tables
-# in the inputs' dtype; other calls use "tables". Which is faster is for a GPU to say: `benchmarks/attention_gpu.py` times both ("triton" and
-# "triton skew-forward") in one run. SKEW_TILES: its forward tiles, from the static report.
-FORWARD_POSITIONS = "tables"
-SKEW_TILES = {64: Tiles(32, 32, 8, 2), 128: Tiles(32, 32, 8, 2)}
+# How the kernels get the near band's position terms. "tables" gathers them from the precomputed N×R products;
+# "skew" computes them inside the kernels from the position tables (no N×R table in memory; see
+# `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward only. The skewed kernels run
+# only at distance i - j, without p2p, without dropout (Triton does not compile the skewed forward with dropout:
+# report rows `v3+skew+dropout`), with tables in the inputs' dtype, and where SKEW_TILES has tiles for them (the
+# backward needs both of its kernels); other calls use "tables". Which is fastest is for a GPU to say:
+# `benchmarks/attention_gpu.py` times the three in one run ("triton", "triton skew-forward", "triton skew").
+NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
+NEAR_BAND = "tables"
+# The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version).
+# Head dim 128 has no spill-free skewed dK/dV tile, so its backward keeps the tables.
+SKEW_TILES = {
+    64: {
+        "_fwd_kernel": Tiles(32, 32, 8, 2),
+        "_dq_kernel": Tiles(32, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
+    },
+    128: {
+        "_fwd_kernel": Tiles(32, 32, 8, 2),
+    },
+}
+FORWARD = ("_fwd_kernel",)
+BACKWARD = ("_dq_kernel", "_dkv_kernel")
+
+
+def _tile_width(head_dim: int) -> int:
+    """The key of the tile tables for ``head_dim``: 64 (head dims up to 64) or 128."""
+    return 64 if head_dim <= 64 else 128
 
 
 def tiles_for(
@@ -124,9 +145,9 @@ def tiles_for(
         return TILE_OVERRIDES[kernel]
     if device.type != "cuda":
         return Tiles(16, 16, 1, 1)
-    width = 64 if head_dim <= 64 else 128
-    if skew and kernel == "_fwd_kernel":
-        return SKEW_TILES[width]
+    width = _tile_width(head_dim)
+    if skew:
+        return SKEW_TILES[width][kernel]
     if dropout and kernel in DROPOUT_TILES[width]:
         return DROPOUT_TILES[width][kernel]
     return GPU_TILES[width][kernel]
@@ -136,20 +157,46 @@ def _launch(t: Tiles) -> dict:
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
 
 
+def skew_served(head_dim: int, kernels: tuple[str, ...]) -> bool:
+    """Whether `SKEW_TILES` has tiles for all of ``kernels`` (`FORWARD` or `BACKWARD`) at ``head_dim``."""
+    return all(name in SKEW_TILES[_tile_width(head_dim)] for name in kernels)
+
+
 def _uses_skew(
-    q: Tensor, pos_q: Tensor | None, pos_k: Tensor | None, ij: bool, p2p: bool, dropout: bool
+    q: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    ij: bool,
+    p2p: bool,
+    dropout: bool,
+    kernels: tuple[str, ...] = FORWARD,
 ) -> bool:
-    """Whether the forward computes the near band's terms from the position tables (`FORWARD_POSITIONS`):
-    distance i - j, no p2p, no dropout, a head dim with skew tiles, tables in the inputs' dtype (the products run
-    on the tensor cores in that dtype)."""
-    if FORWARD_POSITIONS not in ("tables", "skew"):
-        raise ValueError(
-            f"triton_backend.FORWARD_POSITIONS must be 'tables' or 'skew', got {FORWARD_POSITIONS!r}"
-        )
+    """Whether ``kernels`` (`FORWARD` or `BACKWARD`) compute the near band's terms from the position tables
+    (`NEAR_BAND`): distance i - j, no p2p, no dropout, skew tiles for the head dim, tables in the inputs' dtype
+    (the products run on the tensor cores in that dtype)."""
+    if NEAR_BAND not in NEAR_BAND_MODES:
+        raise ValueError(f"triton_backend.NEAR_BAND must be one of {NEAR_BAND_MODES}, got {NEAR_BAND!r}")
+    wanted = NEAR_BAND == "skew" or (NEAR_BAND == "skew-forward" and kernels == FORWARD)
     tables = [t for t in (pos_q, pos_k) if t is not None]
     same_dtype = bool(tables) and all(t.dtype == q.dtype for t in tables)
-    small = q.shape[-1] <= max(SKEW_TILES)
-    return FORWARD_POSITIONS == "skew" and ij and not p2p and not dropout and small and same_dtype
+    served = skew_served(q.shape[-1], kernels)
+    return wanted and ij and not p2p and not dropout and served and same_dtype
+
+
+def _skew_ends(lut: Tensor, skew: bool) -> Tensor | None:
+    """The table rows a skewed call still needs from ROW / COL: the two saturated ends (first and last LUT
+    entry, the kernels' `_end`); None (every row) otherwise."""
+    return lut[:: lut.numel() - 1].long() if skew else None
+
+
+def _position_args(pos_q: Tensor | None, pos_k: Tensor | None, skew: bool, fallback: Tensor) -> tuple:
+    """PQ, PK, TR of the kernels: the position tables a skewed kernel reads (``fallback`` where unused)."""
+    table = pos_k if pos_k is not None else pos_q
+    return (
+        pos_q if skew and pos_q is not None else fallback,
+        pos_k if skew and pos_k is not None else fallback,
+        table.shape[1] if table is not None else 1,
+    )
 
 
 def _flags(
@@ -197,7 +244,7 @@ def _tables(
     rows: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """ROW = Q·Krᵀ + p2p (B, H, Nq, R) and COL = K·Qrᵀ (B, H, Nk, R), float32, unscaled (the kernels scale each
-    score once: see `triton_kernels`); with ``rows``, only those rows of the tables (the skewed forward needs
+    score once: see `triton_kernels`); with ``rows``, only those rows of the tables (the skewed kernels need
     the two saturated ends)."""
     if rows is not None:
         pos_q = None if pos_q is None else pos_q[:, rows]
@@ -288,29 +335,23 @@ def _fwd_op(
     with torch.autocast(q.device.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0)
-        # the skewed forward's near band needs no table: only its two ends (first and last LUT entry)
-        ends = lut[:: lut.numel() - 1].long() if skew else None
-        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=ends)
+        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0, FORWARD)
+        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
         R = _table_rows(row, col)
-        assert not skew or R == 2, (
-            "the skewed forward's ROW / COL hold the two ends only (the kernel's `_end`)"
-        )
-        table = pos_k if pos_k is not None else pos_q
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
         t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0, skew)
         dummy = _dummy(q.device)
+        PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
             q, k, v,
-            row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut,
-            pos_q if skew and pos_q is not None else q, pos_k if skew and pos_k is not None else q,
+            row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut, PQ, PK,
             q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
             k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse, *_strides(q, k),
-            H, NQ, NK, R, sat, table.shape[1] if table is not None else 1, scale, **_dropout_args(seed, drop_t, q.device),
+            H, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, q.device),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
-            SKEW=skew, WT=2 * max(t.block_m, t.block_n),
+            SKEW=skew, WT=t.skew_width,
         )  # fmt: skip
     return out, lse
 
@@ -377,11 +418,14 @@ def _bwd_op(
     with torch.autocast(q.device.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p)  # recomputed: nothing N×R is saved
+        # recomputed (nothing N×R is saved); skewed: the two ends only
+        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0, BACKWARD)
+        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
         R = _table_rows(row, col)
         W = 2 * sat + 1
         dout = _like(dout, q)  # read through q's strides
-        delta = (dout.float() * out.float()).sum(-1)  # (B, H, Nq): rowsum(P ∘ dP) = dO·O
+        out = _like(out, q)
+        delta = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)  # dO·O per row: the dQ kernel
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
@@ -391,12 +435,15 @@ def _bwd_op(
         dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=q.device) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
         flags.update(_dropout_args(seed, drop_t, q.device))
-        t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0)
-        t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0)
+        t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0, skew)
+        t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0, skew)
+        PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         tables = (
             row if row is not None else dummy.float(),
             col if col is not None else dummy.float(),
             lut,
+            PQ,
+            PK,
             q_pos,
             k_pos,
             q_seg if q_seg is not None else dummy,
@@ -405,14 +452,14 @@ def _bwd_op(
         )
         kern = _kernels()
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
-            q, k, v, dout, lse, delta, *tables, kv_lo, kv_hi,
+            q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, dq_dist if dq_dist is not None else dummy.float(), *_strides(q, k),
-            H, NQ, NK, R, sat, scale, **flags, **_launch(t_dq),
+            H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, dk_dist if dk_dist is not None else dummy.float(), *_strides(q, k),
-            H, NQ, NK, R, sat, scale, **flags, **_launch(t_dkv),
+            H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, tables  # free the N×R tables before the fold
         dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)

@@ -16,13 +16,14 @@ Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is
 query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
 Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
 
-``SKEW`` (constexpr, forward at distance ``i - j``): the near band's position terms come from the position tables
-themselves instead of ROW / COL, so no N×R table is written or read. A near tile's distances ``i - j`` are the
+``SKEW`` (constexpr, every kernel, at distance ``i - j``): the near band's position terms come from the position
+tables themselves instead of ROW / COL, so no N×R table is written or read. A near tile's distances ``i - j`` are the
 ``BLOCK_M + BLOCK_N - 1`` consecutive values from ``start_m - start_n - BLOCK_N + 1``: their table rows
 ``Kr[idx]`` / ``Qr[idx]`` (a (WT, d) block, WT = 2·max(BLOCK_M, BLOCK_N)) give ``Q·Krᵀ`` (BLOCK_M, WT) and
 ``Qr·Kᵀ`` (WT, BLOCK_N) on the tensor cores, and pair (i, j) reads column / row ``(i - start_m) - (j - start_n)
 + BLOCK_N - 1`` of them (``tl.gather``: a skewed read of a tile in registers). ROW / COL then hold only the two
-saturated values per query row / key column, (N, 2), for the far tiles.
+saturated values per query row / key column, (N, 2), for the far tiles. The backward kernels recompute the
+scores the same way; their distance-space gradients (below) do not depend on how the scores were formed.
 
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
@@ -42,6 +43,8 @@ into the two end cells; the dK/dV kernel (one program per key block) does the sa
 No cell is written twice, so plain stores suffice. The buffers hold the inputs' dtype (one rounding of each dS, as
 `eager` rounds its score gradients to that dtype; the two end cells are summed in float32 first). The caller
 finishes the chain rule with matmuls in distance space (see `triton_backend`).
+Both kernels need each query row's ``DELTA = rowsum(P ∘ dP) = dO·O``: the dQ kernel, launched first, computes
+it from the rows of dO and O it owns and stores it for the dK/dV kernel (no pass of its own over dO and O).
 
 Dropout on the probabilities (``DROPOUT``): element (i, j) of head ``bh`` is dropped when its 16-bit random
 number is below ``DROP_T = round(p · 2**16)`` (the rule of `debertakit.attention.dropout`), kept ones scaled by
@@ -154,7 +157,7 @@ def _skew_terms(
 @triton.jit
 def _end(LUT, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
     """Column of ROW / COL holding the saturated value on the left (RIGHT = 0) or right: the LUT's first or last
-    entry, or 0 / 1 for the skewed forward, whose ROW / COL hold only the two ends, (N, 2)."""
+    entry, or 0 / 1 for the skewed kernels, whose ROW / COL hold only the two ends, (N, 2)."""
     if SKEW:
         return RIGHT
     return tl.load(LUT + RIGHT * 2 * SAT)
@@ -273,7 +276,7 @@ def _table_grad(
 def _query_block(
     Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr,
-    IJ: tl.constexpr, SKEW: tl.constexpr = False,
+    IJ: tl.constexpr, SKEW: tl.constexpr,
 ):  # fmt: skip
     """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -420,12 +423,15 @@ def _dq_kernel(
     Q,
     K,
     V,
+    OUT,
     DO,
     LSE,
     DELTA,
     ROW,
     COL,
     LUT,
+    PQ,
+    PK,
     QPOS,
     KPOS,
     QSEG,
@@ -446,6 +452,7 @@ def _dq_kernel(
     NK,
     R,
     SAT,
+    TR,
     scale,
     SEED,
     DROP_T,
@@ -461,8 +468,11 @@ def _dq_kernel(
     PREC: tl.constexpr,
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
+    SKEW: tl.constexpr,
+    WT: tl.constexpr,
 ):
-    """One program per query block: dQ (content part) and, if ROW is used, dS stored into DQ_DIST."""
+    """One program per query block: DELTA (dO·O per row), dQ (content part) and, if ROW is used, dS stored into
+    DQ_DIST."""
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
     W = 2 * SAT + 1
@@ -471,6 +481,7 @@ def _dq_kernel(
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
+    OUT += q_base
     DO += q_base
     DQ += q_base
     LSE += q_off
@@ -487,14 +498,19 @@ def _dq_kernel(
     KPOS += b * NK
     KSEG += b * NK
     KMASK += b * NK
+    PQ += (bh % H) * TR * HEAD_DIM
+    PK += (bh % H) * TR * HEAD_DIM
 
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
+        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
     )
     q_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
     lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
-    dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
+    # rowsum(P ∘ dP) = dO·O, computed here for these rows and stored for the dK/dV kernel, launched after this one
+    o = tl.load(OUT + q_ptrs, mask=m_in[:, None], other=0.0)
+    dlt = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    tl.store(DELTA + offs_m, dlt, mask=m_in)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
     hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
     lo = (lo // BLOCK_N) * BLOCK_N
@@ -512,8 +528,8 @@ def _dq_kernel(
         v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, ROW, COL,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, False, HEAD_DIM, 1,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
@@ -542,6 +558,8 @@ def _dkv_kernel(
     ROW,
     COL,
     LUT,
+    PQ,
+    PK,
     QPOS,
     KPOS,
     QSEG,
@@ -563,6 +581,7 @@ def _dkv_kernel(
     NK,
     R,
     SAT,
+    TR,
     scale,
     SEED,
     DROP_T,
@@ -578,6 +597,8 @@ def _dkv_kernel(
     PREC: tl.constexpr,
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
+    SKEW: tl.constexpr,
+    WT: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n, bh = _block_and_head(NK, BLOCK_N)
@@ -605,6 +626,8 @@ def _dkv_kernel(
     KMASK += b * NK
     Q_LO += b * NK
     Q_HI += b * NK
+    PQ += (bh % H) * TR * HEAD_DIM
+    PK += (bh % H) * TR * HEAD_DIM
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -625,15 +648,15 @@ def _dkv_kernel(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
             Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, SQN,
-            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ,
+            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW,
         )  # fmt: skip
         do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, pid_n * BLOCK_N,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, ROW, COL,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, False, HEAD_DIM, 1,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])
         dp = _mm(do, tl.trans(v), PREC)

@@ -24,7 +24,13 @@ import triton  # noqa: E402
 
 from debertakit.attention import triton_kernels as K  # noqa: E402
 from debertakit.attention.triton_aot import FLAGS, compile_kernel  # noqa: E402
-from debertakit.attention.triton_backend import KERNEL_NAMES, SKEW_TILES, tiles_for  # noqa: E402
+from debertakit.attention.triton_backend import (  # noqa: E402
+    BACKWARD,
+    FORWARD,
+    KERNEL_NAMES,
+    skew_served,
+    tiles_for,
+)
 
 
 def configurations(everything: bool):
@@ -35,22 +41,22 @@ def configurations(everything: bool):
                 flags = dict(every, DROPOUT=dropout, SKEW=False)
                 yield "bf16", head_dim, flags, 90
                 yield "bf16", head_dim, dict(flags, IJ=False), 90
-            if head_dim <= max(SKEW_TILES):  # the skewed forward (no dropout)
-                yield "bf16", head_dim, dict(every, DROPOUT=False), 90
+            yield "bf16", head_dim, dict(every, DROPOUT=False), 90  # skewed where served (`_buildable`)
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on
     flag_sets = flag_sets[::23] + flag_sets[-1:]
     for dtype, head_dim in (("bf16", 64), ("fp16", 128), ("fp32", 32), ("bf16", 16)):
         for flags in flag_sets:
-            yield dtype, head_dim, _buildable(flags, head_dim), 90
-        yield dtype, head_dim, _buildable(flag_sets[-1], head_dim), 80
+            yield dtype, head_dim, flags, 90
+        yield dtype, head_dim, flag_sets[-1], 80
 
 
-def _buildable(flags: dict, head_dim: int) -> dict:
-    """The flags as the backend would build them: the skewed forward only at distance i - j, without dropout,
-    at head dims with skew tiles (`triton_backend._uses_skew`)."""
-    if flags["SKEW"] and (head_dim > max(SKEW_TILES) or flags["DROPOUT"] or not flags["IJ"]):
+def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
+    """The flags as the backend would build them for ``kernel``: skewed only at distance i - j, without
+    dropout, where `SKEW_TILES` serves the kernel's direction at the head dim (`triton_backend._uses_skew`)."""
+    served = skew_served(head_dim, FORWARD if kernel == "_fwd_kernel" else BACKWARD)
+    if flags["SKEW"] and (not served or flags["DROPOUT"] or not flags["IJ"]):
         return dict(flags, SKEW=False)
     return flags
 
@@ -62,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if triton.knobs.runtime.interpret:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
     n, problems = 0, []
-    for dtype, head_dim, flags, capability in configurations(args.all):
+    for dtype, head_dim, every, capability in configurations(args.all):
         for name in KERNEL_NAMES:
+            flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
             check = not args.all  # the configured tiles at the default: read the cubin too
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)

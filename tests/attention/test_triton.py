@@ -392,68 +392,100 @@ def test_model_with_triton_backend_matches_eager():
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-# ----------------------------------------------------------------------------------------- skewed forward
+# ------------------------------------------------------------------- skewed near band (forward and backward)
 SKEW_GRID = [name for name, c in GRID.items() if c.q_offset is None and c.terms.any and not c.terms.p2p]
 SKEW_HALF = ["n70_saturating", "packed_causal", "padding", "cross_nq_gt_nk", "d64_heads2"]
 
 
-def _skewed(monkeypatch, mode: str = "skew") -> None:
-    monkeypatch.setattr(triton_backend, "FORWARD_POSITIONS", mode)
+def _near_band(monkeypatch, mode: str) -> None:
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", mode)
 
 
-def _compare_skewed(monkeypatch, c: Case, dtype: torch.dtype, device: str) -> None:
-    """`_compare` with the skewed forward, after checking that the call takes it."""
-    _skewed(monkeypatch)
-    q, _, _, pos_q, pos_k = _inputs(c, dtype, device)
-    ij = _geometry(c, device).distance_is_i_minus_j()
-    assert triton_backend._uses_skew(q, pos_q, pos_k, ij, c.terms.p2p, False)
+def _table_widths(monkeypatch) -> list[int]:
+    """The width R of the ROW / COL tables every `_tables` call builds, in call order (forward, backward)."""
+    widths = []
+    real = triton_backend._tables
+
+    def spy(*args, **kwargs):
+        row, col = real(*args, **kwargs)
+        widths.append(triton_backend._table_rows(row, col))
+        return row, col
+
+    monkeypatch.setattr(triton_backend, "_tables", spy)
+    return widths
+
+
+def _compare_skewed(monkeypatch, c: Case, dtype: torch.dtype, device: str, mode: str = "skew") -> None:
+    """`_compare` under ``NEAR_BAND = mode``, checking which kernels took the skewed road: a skewed forward or
+    backward builds tables of the two saturated ends only (R = 2), the others the whole table."""
+    _near_band(monkeypatch, mode)
+    widths = _table_widths(monkeypatch)
     _compare(c, dtype, device)
+    full = c.rel.table_rows
+    backward_skewed = mode == "skew" and triton_backend.skew_served(c.dim, triton_backend.BACKWARD)
+    assert widths == [2, 2 if backward_skewed else full], widths
 
 
 @pytest.mark.parametrize("name", SKEW_GRID)
-def test_skewed_forward_matches_eager_float32(monkeypatch, name):
-    """The forward with its near band computed from the position tables (no N×R table), against eager: outputs
-    and (through the forward's log-sum-exp) every gradient."""
+def test_skewed_kernels_match_eager_float32(monkeypatch, name):
+    """Forward and backward with the near band computed from the position tables (no N×R table), against
+    eager: outputs and every gradient."""
     _compare_skewed(monkeypatch, GRID[name], torch.float32, DEVICE)
 
 
 @pytest.mark.parametrize("name", SKEW_HALF)
-def test_skewed_forward_matches_eager_bfloat16(monkeypatch, name):
+def test_skewed_kernels_match_eager_bfloat16(monkeypatch, name):
     _compare_skewed(monkeypatch, GRID[name], torch.bfloat16, DEVICE)
 
 
+@pytest.mark.parametrize("name", ["n70_saturating", "packed_causal", "d128_v1_padding"])
+def test_skewed_forward_with_table_backward_matches_eager(monkeypatch, name):
+    """``NEAR_BAND = "skew-forward"``: the skewed forward, the backward from the tables (mixed roads: the
+    backward recomputes the scores its own way against the forward's log-sum-exp)."""
+    _compare_skewed(monkeypatch, GRID[name], torch.float32, DEVICE, mode="skew-forward")
+
+
 @pytest.mark.parametrize("name", ["n70_saturating", "packed_causal"])
-def test_skewed_and_table_forwards_agree(monkeypatch, name):
-    """Both forwards compute the same function by different roads (they differ in the last bits, which shows
+def test_skewed_and_table_kernels_agree(monkeypatch, name):
+    """Both roads compute the same function, forward and gradients (they differ in the last bits, which shows
     the skewed road was taken)."""
     c = GRID[name]
     geom = _geometry(c, DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
-    outs = {}
+    results = {}
     for mode in ("tables", "skew"):
-        _skewed(monkeypatch, mode)
-        outs[mode] = _run(triton_attention, c, inputs, geom)[0]
-    assert not torch.equal(outs["skew"], outs["tables"])
-    torch.testing.assert_close(outs["skew"], outs["tables"], atol=1e-6, rtol=1e-6)
+        _near_band(monkeypatch, mode)
+        out, grads = _run(triton_attention, c, inputs, geom)
+        results[mode] = (out, *grads)
+    for name_, a, b in zip(["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], results["skew"], results["tables"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name_: f"{n}: {m}")
+    assert not torch.equal(results["skew"][0], results["tables"][0])
+    assert not torch.equal(results["skew"][1], results["tables"][1])  # dq: the backward's scores differ too
 
 
-def test_skewed_forward_only_where_it_applies(monkeypatch):
+def test_skewed_kernels_only_where_they_apply(monkeypatch):
     q, table = torch.zeros(1, 1, 4, 16), torch.zeros(1, 8, 16)
     uses = triton_backend._uses_skew
-    _skewed(monkeypatch)
-    assert uses(q, table, table, True, False, False)
-    assert uses(q, None, table, True, False, False)  # c2p only
+    fwd, bwd = triton_backend.FORWARD, triton_backend.BACKWARD
+    _near_band(monkeypatch, "skew")
+    assert uses(q, table, table, True, False, False, fwd)
+    assert uses(q, table, table, True, False, False, bwd)
+    assert uses(q, None, table, True, False, False)  # c2p only (the forward by default)
     assert not uses(q, table, table, False, False, False)  # explicit positions
     assert not uses(q, table, table, True, True, False)  # p2p
-    assert not uses(q, table, table, True, False, True)  # dropout
+    assert not uses(q, table, table, True, False, True, bwd)  # dropout
     assert not uses(q.bfloat16(), table, table, True, False, False)  # float32 tables under bfloat16 inputs
     assert not uses(q, None, None, True, False, False)  # no position terms
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
-    assert uses(wide, wide_table, wide_table, True, False, False)  # head dim 128 too (`SKEW_TILES`)
-    _skewed(monkeypatch, "tables")
-    assert not uses(q, table, table, True, False, False)
-    _skewed(monkeypatch, "skewed")
-    with pytest.raises(ValueError, match="FORWARD_POSITIONS must be 'tables' or 'skew', got 'skewed'"):
+    assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128: the forward only
+    assert not uses(wide, wide_table, wide_table, True, False, False, bwd)  # (`SKEW_TILES`)
+    _near_band(monkeypatch, "skew-forward")
+    assert uses(q, table, table, True, False, False, fwd)
+    assert not uses(q, table, table, True, False, False, bwd)
+    _near_band(monkeypatch, "tables")
+    assert not uses(q, table, table, True, False, False, fwd)
+    _near_band(monkeypatch, "skewed")
+    with pytest.raises(ValueError, match="NEAR_BAND must be one of .*got 'skewed'"):
         uses(q, table, table, True, False, False)
 
 
@@ -708,17 +740,19 @@ def test_gpu_tiles_are_the_static_reports_choice():
     )
     assert len(report["versions"]) >= 2 and {r["triton"] for r in report["rows"]} == set(report["versions"])
     chosen = report["chosen"]
-    for name in triton_backend.KERNEL_NAMES:
-        for head_dim in (64, 128):
-            for use, dropout, skew in (
-                ("inference", False, False),
-                ("dropout", True, False),
-                ("skew", False, True),
-            ):
-                if use == "skew" and name != "_fwd_kernel":
-                    continue  # the skewed variant is the forward's
-                tiles = triton_backend.tiles_for(torch.device("cuda"), head_dim, name, dropout, skew)
+    cuda = torch.device("cuda")
+    for head_dim in (64, 128):
+        for name in triton_backend.KERNEL_NAMES:
+            for use, dropout in (("inference", False), ("dropout", True)):
+                tiles = triton_backend.tiles_for(cuda, head_dim, name, dropout)
                 assert str(tiles) == chosen[f"{name} d{head_dim} {use}"], (name, head_dim, use)
+        # the skewed kernels: where the report found tiles for the forward, for both backward kernels
+        for kernels in (triton_backend.FORWARD, triton_backend.BACKWARD):
+            found = [chosen.get(f"{name} d{head_dim} skew") for name in kernels]
+            assert triton_backend.skew_served(head_dim, kernels) == all(found), (head_dim, kernels, found)
+            if all(found):
+                got = [str(triton_backend.tiles_for(cuda, head_dim, name, skew=True)) for name in kernels]
+                assert got == found, (head_dim, kernels)
 
 
 def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsys):
@@ -879,7 +913,7 @@ def test_calls_never_wait_for_the_gpu_gpu(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
-def test_skewed_forward_matches_eager_gpu(monkeypatch, name, dtype):
+def test_skewed_kernels_match_eager_gpu(monkeypatch, name, dtype):
     _compare_skewed(monkeypatch, GPU_GRID[name], dtype, "cuda")
 
 
@@ -1073,13 +1107,14 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     result = json.loads(out.read_text())
     rows = result["rows"]
     impls = {r["impl"] for r in rows if r["section"] == "attention"}
-    assert {"triton", "triton skew-forward", "eager", "sdpa (no position terms)"} <= impls
-    timed = ("triton", "triton skew-forward", "eager")
+    assert {"triton", "triton skew-forward", "triton skew", "eager", "sdpa (no position terms)"} <= impls
+    timed = ("triton", "triton skew-forward", "triton skew", "eager")
     assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in timed)
     long = [r for r in rows if r["section"] == "long" and r["impl"] == "triton"]
     assert [r["batch"] for r in long] == [1, 1] and "peak_per_token_vs_shortest" not in long[0]
     assert any(v.startswith("triton long N=32 batch 1: runs") for v in result["verdicts"])
     assert any(v.startswith("triton skew-forward long N=32 batch 1: runs") for v in result["verdicts"])
+    assert any(v.startswith("triton skew long N=32 batch 1: runs") for v in result["verdicts"])
 
 
 # ------------------------------------------------------------------------------------------ work around the kernels
@@ -1093,11 +1128,15 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     out = tmp_path / "cost.json"
     bench.main(["--lengths", "64", "--tokens", "128", "--heads", "2", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert {r["forward_positions"] for r in rows} == {"tables", "skew"}
+    assert {r["near_band"] for r in rows} == {"tables", "skew-forward", "skew"}
     for r in rows:
         for phase in ("forward", "backward"):
-            assert r[phase]["fp32_flops"] == 0, (r["forward_positions"], phase)
-            assert r[phase]["half_flops"] > 0, (r["forward_positions"], phase)
+            assert r[phase]["fp32_flops"] == 0, (r["near_band"], phase)
+            assert r[phase]["half_flops"] > 0, (r["near_band"], phase)
+    moved = {(r["near_band"], phase): r[phase]["bytes"] for r in rows for phase in ("forward", "backward")}
+    # the skewed kernels build no N×R table: less to move than the tables' road, in their direction only
+    assert moved["skew", "forward"] == moved["skew-forward", "forward"] < moved["tables", "forward"]
+    assert moved["skew", "backward"] < moved["skew-forward", "backward"] == moved["tables", "backward"]
 
 
 def test_backward_writes_no_float32_gradient_of_table_size():
