@@ -12,7 +12,9 @@ with the kernel launches replaced by no-ops, under a dispatch mode that records 
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views move nothing; a fill writes
-  only). An estimate of memory traffic, not a measurement of it.
+  only). An estimate of memory traffic, not a measurement of it;
+- operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
+  of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
 The kernels' own work is the attention FLOPs, 4·N²·d per head forward and 2.5 times that backward (the
 convention of ``attention_gpu.py``); the table prints the host-side FLOPs next to it.
@@ -23,6 +25,7 @@ convention of ``attention_gpu.py``); the table prints the host-side FLOPs next t
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import json
@@ -44,7 +47,8 @@ from debertakit.attention.relative import RelativeIndex, scale_for  # noqa: E402
 
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
-FILLS = {"fill_", "zero_", "zeros", "zeros_like", "empty", "empty_like", "new_empty", "empty_strided", "full"}
+ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory from the allocator, no kernel
+FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full", *ALLOCATIONS}
 
 
 def _matmul_flops(name: str, args) -> int:
@@ -54,12 +58,14 @@ def _matmul_flops(name: str, args) -> int:
 
 
 class Recorder(TorchDispatchMode):
-    """FLOPs by operand dtype and bytes read and written, of every operation."""
+    """FLOPs by operand dtype, bytes read and written, and the operations that launch a GPU kernel (every one
+    but views and allocations), of every operation."""
 
     def __init__(self):
         super().__init__()
         self.flops = {"fp32": 0, "16-bit": 0}
         self.bytes = 0
+        self.launches: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -69,6 +75,8 @@ class Recorder(TorchDispatchMode):
             return out
         ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if name not in ALLOCATIONS:
+            self.launches[name] += 1
         if name in MATMULS:
             operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
             self.flops[operand] += _matmul_flops(name, args)
@@ -145,6 +153,7 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
             fp32_flops=rec.flops["fp32"],
             half_flops=rec.flops["16-bit"],
             bytes=rec.bytes,
+            launches=dict(rec.launches),
         )
     return row
 
@@ -152,7 +161,7 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
 def _table(rows: list[dict]) -> str:
     head = (
         "| N | batch | near band | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
-        "| GB moved |\n|---:|---:|---|---|---:|---:|---:|---:|---:|"
+        "| GB moved | ops launched |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
@@ -162,7 +171,7 @@ def _table(rows: list[dict]) -> str:
             lines.append(
                 f"| {r['n']} | {r['batch']} | {r['near_band']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
                 f"| {c['half_flops'] / 1e9:.1f} | {c['fp32_flops'] / attention:.1%} | {c['half_flops'] / attention:.1%} "
-                f"| {c['bytes'] / 1e9:.2f} |"
+                f"| {c['bytes'] / 1e9:.2f} | {sum(c['launches'].values())} |"
             )
     return "\n".join(lines)
 

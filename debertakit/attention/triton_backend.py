@@ -284,8 +284,11 @@ def _strides(q: Tensor, k: Tensor) -> tuple[int, ...]:
     return (*q.stride()[:3], *k.stride()[:3])
 
 
-def _dummy(device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
-    return torch.zeros(1, dtype=dtype, device=device)
+def _or_unused(t: Tensor | None, device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
+    """``t``, or where it is absent a one-element stand-in for a kernel argument that the kernel's flags keep
+    it from reading. Uninitialised (``empty``): an allocation from the cache, where ``zeros`` would launch a
+    GPU kernel to fill it, several per call."""
+    return t if t is not None else torch.empty(1, dtype=dtype, device=device)
 
 
 def _draw_seed(device: torch.device) -> Tensor:
@@ -300,7 +303,7 @@ def _dropout_args(seed: Tensor | None, threshold: int, device: torch.device) -> 
     """Kernel arguments of the dropout: seed tensor, 16-bit threshold, scale of the kept probabilities (the
     scale of `dropout.keep_mask`: 1 / (1 - rounded p))."""
     if seed is None or threshold == 0:
-        return dict(SEED=_dummy(device, torch.int64), DROP_T=0, drop_scale=1.0)
+        return dict(SEED=_or_unused(None, device, torch.int64), DROP_T=0, drop_scale=1.0)
     return dict(SEED=seed, DROP_T=threshold, drop_scale=kept_scale(threshold))
 
 
@@ -341,14 +344,14 @@ def _fwd_op(
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
         t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0, skew)
-        dummy = _dummy(q.device)
+        dev = q.device
         PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
             q, k, v,
-            row if row is not None else dummy.float(), col if col is not None else dummy.float(), lut, PQ, PK,
-            q_pos, k_pos, q_seg if q_seg is not None else dummy, k_seg if k_seg is not None else dummy,
-            k_mask if k_mask is not None else dummy, kv_lo, kv_hi, out, lse, *_strides(q, k),
+            _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32), lut, PQ, PK,
+            q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
+            kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, q.device),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, WT=t.skew_width,
@@ -429,7 +432,7 @@ def _bwd_op(
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
-        dummy = _dummy(q.device)
+        dev = q.device
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
         dq_dist = torch.zeros((B, H, NQ, W), dtype=q.dtype, device=q.device) if row is not None else None
         dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=q.device) if col is not None else None
@@ -439,26 +442,26 @@ def _bwd_op(
         t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0, skew)
         PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         tables = (
-            row if row is not None else dummy.float(),
-            col if col is not None else dummy.float(),
+            _or_unused(row, dev, torch.float32),
+            _or_unused(col, dev, torch.float32),
             lut,
             PQ,
             PK,
             q_pos,
             k_pos,
-            q_seg if q_seg is not None else dummy,
-            k_seg if k_seg is not None else dummy,
-            k_mask if k_mask is not None else dummy,
+            _or_unused(q_seg, dev),
+            _or_unused(k_seg, dev),
+            _or_unused(k_mask, dev),
         )
         kern = _kernels()
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
-            dq, dq_dist if dq_dist is not None else dummy.float(), *_strides(q, k),
+            dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
             H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
-            dk, dv, dk_dist if dk_dist is not None else dummy.float(), *_strides(q, k),
+            dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
             H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, tables  # free the N×R tables before the fold

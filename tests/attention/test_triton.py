@@ -1139,6 +1139,17 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     assert moved["skew", "backward"] < moved["skew-forward", "backward"] == moved["tables", "backward"]
 
 
+def test_absent_arguments_launch_nothing():
+    """A call without segments, key mask or dropout passes stand-ins for those kernel arguments: allocations,
+    not filled tensors (each fill a GPU launch per call, in every layer). The forward then launches only the
+    tables' copies and matmuls around its kernel."""
+    bench = _benchmark_module("triton_host_cost")
+    row = bench.measure(64, 128, 2, 64, "tables")
+    assert row["forward"]["launches"] == {"clone": 4, "bmm": 2}, row["forward"]["launches"]
+    # the backward's fills: the two distance buffers, whose cells no pair lands in must read zero
+    assert row["backward"]["launches"]["zeros"] == 2 and "fill_" not in row["backward"]["launches"]
+
+
 def test_backward_writes_no_float32_gradient_of_table_size():
     """The backward's float32 buffers the size of an N×R table are the two recomputed tables, ROW and COL, and
     nothing else: the distance buffers hold the inputs' dtype and are folded by matmuls, not into (N, R) row
