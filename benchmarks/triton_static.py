@@ -82,7 +82,8 @@ USES = {
 FORWARD_ONLY = ("plain", "v3+skew+dropout")
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
-# for the skewed backward, whose two extra products per near tile need the registers of a larger tile
+# for the skewed backward, whose two extra products per near tile need the registers of a larger tile (16x32
+# with 8 warps: the skewed dK/dV at head dim 128)
 CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
     (64, 16, 8),
     (128, 16, 8),
@@ -91,6 +92,7 @@ CANDIDATES = [(m, n, 8) for m in (32, 64, 128) for n in (32, 64, 128)] + [
     (32, 64, 4),
     (32, 16, 4),
     (16, 32, 4),
+    (16, 32, 8),
 ]
 
 

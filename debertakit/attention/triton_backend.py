@@ -116,7 +116,6 @@ TILE_OVERRIDES: dict[str, Tiles] = {}
 NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
 NEAR_BAND = "tables"
 # The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version).
-# Head dim 128 has no spill-free skewed dK/dV tile, so its backward keeps the tables.
 SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
@@ -125,6 +124,8 @@ SKEW_TILES = {
     },
     128: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
+        "_dq_kernel": Tiles(32, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 8, 2),
     },
 }
 FORWARD = ("_fwd_kernel",)
