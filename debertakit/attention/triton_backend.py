@@ -187,7 +187,7 @@ def _uses_skew(
 def _skew_ends(lut: Tensor, skew: bool) -> Tensor | None:
     """The table rows a skewed call still needs from ROW / COL: the two saturated ends (first and last LUT
     entry, the kernels' `_end`); None (every row) otherwise."""
-    return lut[:: lut.numel() - 1].long() if skew else None
+    return lut[:: lut.numel() - 1] if skew else None  # a view: int32 indexes as well as int64
 
 
 def _position_args(pos_q: Tensor | None, pos_k: Tensor | None, skew: bool, fallback: Tensor) -> tuple:
@@ -468,19 +468,18 @@ def _bwd_op(
         del row, col, tables  # free the N×R tables before the fold
         dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
         dpos_k = torch.zeros_like(pos_k, dtype=torch.float32) if pos_k is not None else q.new_empty(0)
-        lut_long = lut.long()
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
-                dq.add_(_fold_into_content(dq_dist, pos_k, lut_long), alpha=scale)
-                dpos_k.add_(_fold_into_table(dq_dist, q, lut_long, pos_k.shape[1]), alpha=scale)
+                dq.add_(_fold_into_content(dq_dist, pos_k, lut), alpha=scale)
+                dpos_k.add_(_fold_into_table(dq_dist, q, lut, pos_k.shape[1]), alpha=scale)
             if p2p:
                 per_distance = dq_dist.sum((0, 2), dtype=torch.float32)  # (H, W)
-                g = _into_rows(per_distance, lut_long, pos_k.shape[1])[..., None]  # (H, R, 1)
+                g = _into_rows(per_distance, lut, pos_k.shape[1])[..., None]  # (H, R, 1)
                 dpos_q += g * scale * pos_k.float()
                 dpos_k += g * scale * pos_q.float()
         if dk_dist is not None:  # COL = K·Qrᵀ
-            dk.add_(_fold_into_content(dk_dist, pos_q, lut_long), alpha=scale)
-            dpos_q.add_(_fold_into_table(dk_dist, k, lut_long, pos_q.shape[1]), alpha=scale)
+            dk.add_(_fold_into_content(dk_dist, pos_q, lut), alpha=scale)
+            dpos_q.add_(_fold_into_table(dk_dist, k, lut, pos_q.shape[1]), alpha=scale)
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),

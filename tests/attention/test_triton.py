@@ -1152,6 +1152,9 @@ def test_absent_arguments_launch_nothing():
     bench = _benchmark_module("triton_host_cost")
     row = bench.measure(64, 128, 2, 64, "tables")
     assert row["forward"]["launches"] == {"clone": 4, "bmm": 2}, row["forward"]["launches"]
+    # the skewed forward: the two end rows of each table (indexed through the int32 LUT, no cast) and the same
+    skewed = bench.measure(64, 128, 2, 64, "skew")
+    assert skewed["forward"]["launches"] == {"index": 2, "clone": 4, "bmm": 2}, skewed["forward"]["launches"]
     # the backward's fills: the two distance buffers, whose cells no pair lands in must read zero
     assert row["backward"]["launches"]["zeros"] == 2 and "fill_" not in row["backward"]["launches"]
 
