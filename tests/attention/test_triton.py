@@ -479,12 +479,9 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128 too (`SKEW_TILES`)
     assert uses(wide, wide_table, wide_table, True, False, False, bwd)
-    served = triton_backend.SKEW_TILES[128].pop("_dkv_kernel")  # without a dK/dV tile: the forward only
-    try:
-        assert uses(wide, wide_table, wide_table, True, False, False, fwd)
-        assert not uses(wide, wide_table, wide_table, True, False, False, bwd)
-    finally:
-        triton_backend.SKEW_TILES[128]["_dkv_kernel"] = served
+    monkeypatch.delitem(triton_backend.SKEW_TILES[128], "_dkv_kernel")  # no dK/dV tile: the forward only
+    assert uses(wide, wide_table, wide_table, True, False, False, fwd)
+    assert not uses(wide, wide_table, wide_table, True, False, False, bwd)
     _near_band(monkeypatch, "skew-forward")
     assert uses(q, table, table, True, False, False, fwd)
     assert not uses(q, table, table, True, False, False, bwd)
