@@ -336,16 +336,16 @@ def _fwd_op(
     drop_t: int,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32; +inf on rows with no visible key)."""
-    with torch.autocast(q.device.type, enabled=False):
+    dev = q.device
+    with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0, FORWARD)
         row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
         R = _table_rows(row, col)
         out = torch.empty_like(q)
-        lse = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)
-        t = tiles_for(q.device, D, "_fwd_kernel", drop_t > 0, skew)
-        dev = q.device
+        lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
+        t = tiles_for(dev, D, "_fwd_kernel", drop_t > 0, skew)
         PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
@@ -353,7 +353,7 @@ def _fwd_op(
             _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32), lut, PQ, PK,
             q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
-            H, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, q.device),
+            H, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, WT=t.skew_width,
         )  # fmt: skip
@@ -419,7 +419,8 @@ def _bwd_op(
     drop_t: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
-    with torch.autocast(q.device.type, enabled=False):
+    dev = q.device
+    with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         # recomputed (nothing N×R is saved); skewed: the two ends only
@@ -427,20 +428,18 @@ def _bwd_op(
         row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
         R = _table_rows(row, col)
         W = 2 * sat + 1
-        dout = _like(dout, q)  # read through q's strides
-        out = _like(out, q)
-        delta = torch.empty((B, H, NQ), dtype=torch.float32, device=q.device)  # dO·O per row: the dQ kernel
+        dout, out = _like(dout, q), _like(out, q)  # read through q's strides
+        delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
-        dev = q.device
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
-        dq_dist = torch.zeros((B, H, NQ, W), dtype=q.dtype, device=q.device) if row is not None else None
-        dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=q.device) if col is not None else None
+        dq_dist = torch.zeros((B, H, NQ, W), dtype=q.dtype, device=dev) if row is not None else None
+        dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=dev) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
-        flags.update(_dropout_args(seed, drop_t, q.device))
-        t_dq = tiles_for(q.device, D, "_dq_kernel", drop_t > 0, skew)
-        t_dkv = tiles_for(q.device, D, "_dkv_kernel", drop_t > 0, skew)
+        flags.update(_dropout_args(seed, drop_t, dev))
+        t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
+        t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)
         PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         tables = (
             _or_unused(row, dev, torch.float32),
