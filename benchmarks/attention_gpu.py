@@ -197,7 +197,7 @@ def _attention_rows(
             return out
 
         candidates[name] = (run, leaves, grad)
-    if "triton" in candidates and dropout_p == 0:
+    if "triton" in candidates:  # the skewed kernels serve dropout too (`SKEW_DROPOUT_TILES`)
         for row, mode in SKEW_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)

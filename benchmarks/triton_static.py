@@ -8,16 +8,15 @@ configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + 
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
 Philox, which needs registers). Every kernel is also compiled with its near band computed from the position
-tables (``v3+skew``, ``packed+skew``: `triton_backend.NEAR_BAND` = "skew"); the forward also as ``v3+skew+dropout``
-(which the backend does not build: the rows record why) and with no position terms (``plain``): plain attention in
-the same kernel, the control.
+tables (``v3+skew``, ``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` = "skew"); the forward
+also with no position terms (``plain``): plain attention in the same kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
-it; ``skew``: the two skewed sets) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
+it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
 then the largest tile, then the squarer one, then the longer side along the kernel's loop (keys for the forward
 and dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
 (and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels
-`triton_backend.SKEW_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
+`triton_backend.SKEW_TILES` and `SKEW_DROPOUT_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
 
 Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
 each PyTorch release pins its own Triton. The report therefore keeps the rows of every Triton version it was run
@@ -61,8 +60,7 @@ FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
     **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
-    # not built by the backend (no use below): the record of why the skewed forward has no dropout
-    "v3+skew+dropout": dict(_SETS["v3"], DROPOUT=True, SKEW=True),
+    **{f"{name}+skew+dropout": dict(_SETS[name], DROPOUT=True, SKEW=True) for name in ("v3", "packed")},
     "plain": dict(
         IJ=True,
         HAS_ROW=False,
@@ -77,9 +75,10 @@ FEATURES = {
 USES = {
     "inference": tuple(_SETS),
     "dropout": tuple(f"{name}+dropout" for name in _SETS),
-    "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables (no dropout)
+    "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
+    "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
 }
-FORWARD_ONLY = ("plain", "v3+skew+dropout")
+FORWARD_ONLY = ("plain",)
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
 # for the skewed backward, whose two extra products per near tile need the registers of a larger tile (16x32
@@ -244,7 +243,8 @@ def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], cho
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
         "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
         "the sets without dropout; dropout: the `+dropout` sets; skew: the `+skew` sets, the near band computed",
-        "from the position tables): no spills in any set of the use under any of the",
+        "from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in any set of the use under",
+        "any of the",
         "Triton versions; then HGMMA in all, the largest tile, the squarer tile, the longer side along the kernel's",
         "loop, fewer warps.",
         "",

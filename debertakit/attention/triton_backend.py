@@ -98,7 +98,6 @@ GPU_TILES = {
 }
 DROPOUT_TILES = {
     64: {
-        "_fwd_kernel": Tiles(128, 32, 8, 2),
         "_dq_kernel": Tiles(64, 32, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 4, 2),
     },
@@ -109,13 +108,14 @@ TILE_OVERRIDES: dict[str, Tiles] = {}
 # How the kernels get the near band's position terms. "tables" gathers them from the precomputed N×R products;
 # "skew" computes them inside the kernels from the position tables (no N×R table in memory; see
 # `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward only. The skewed kernels run
-# only at distance i - j, without p2p, without dropout (Triton does not compile the skewed forward with dropout:
-# report rows `v3+skew+dropout`), with tables in the inputs' dtype, and where SKEW_TILES has tiles for them (the
-# backward needs both of its kernels); other calls use "tables". Which is fastest is for a GPU to say:
-# `benchmarks/attention_gpu.py` times the three in one run ("triton", "triton skew-forward", "triton skew").
+# only at distance i - j, without p2p, with tables in the inputs' dtype, and where SKEW_TILES (with dropout:
+# SKEW_DROPOUT_TILES) has tiles for them (the backward needs both of its kernels); other calls use "tables".
+# Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py` times the three in one run ("triton",
+# "triton skew-forward", "triton skew"), without and with dropout.
 NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
 NEAR_BAND = "tables"
-# The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version).
+# The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version),
+# without and with dropout; a kernel missing from a table is not served skewed there.
 SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
@@ -126,6 +126,17 @@ SKEW_TILES = {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
         "_dkv_kernel": Tiles(16, 32, 8, 2),
+    },
+}
+SKEW_DROPOUT_TILES = {
+    64: {
+        "_fwd_kernel": Tiles(16, 32, 8, 2),
+        "_dq_kernel": Tiles(32, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 8, 2),
+    },
+    # head dim 128: no forward or dK/dV tile compiles without spills (the least: 16x32 w8, 208 and 40 bytes)
+    128: {
+        "_dq_kernel": Tiles(32, 32, 8, 2),
     },
 }
 FORWARD = ("_fwd_kernel",)
@@ -148,7 +159,7 @@ def tiles_for(
         return Tiles(16, 16, 1, 1)
     width = _tile_width(head_dim)
     if skew:
-        return SKEW_TILES[width][kernel]
+        return _skew_tiles(dropout)[width][kernel]
     if dropout and kernel in DROPOUT_TILES[width]:
         return DROPOUT_TILES[width][kernel]
     return GPU_TILES[width][kernel]
@@ -158,9 +169,14 @@ def _launch(t: Tiles) -> dict:
     return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
 
 
-def skew_served(head_dim: int, kernels: tuple[str, ...]) -> bool:
-    """Whether `SKEW_TILES` has tiles for all of ``kernels`` (`FORWARD` or `BACKWARD`) at ``head_dim``."""
-    return all(name in SKEW_TILES[_tile_width(head_dim)] for name in kernels)
+def _skew_tiles(dropout: bool) -> dict[int, dict[str, Tiles]]:
+    return SKEW_DROPOUT_TILES if dropout else SKEW_TILES
+
+
+def skew_served(head_dim: int, kernels: tuple[str, ...], dropout: bool = False) -> bool:
+    """Whether `SKEW_TILES` (with ``dropout``, `SKEW_DROPOUT_TILES`) has tiles for all of ``kernels``
+    (`FORWARD` or `BACKWARD`) at ``head_dim``."""
+    return all(name in _skew_tiles(dropout)[_tile_width(head_dim)] for name in kernels)
 
 
 def _uses_skew(
@@ -173,15 +189,15 @@ def _uses_skew(
     kernels: tuple[str, ...] = FORWARD,
 ) -> bool:
     """Whether ``kernels`` (`FORWARD` or `BACKWARD`) compute the near band's terms from the position tables
-    (`NEAR_BAND`): distance i - j, no p2p, no dropout, skew tiles for the head dim, tables in the inputs' dtype
-    (the products run on the tensor cores in that dtype)."""
+    (`NEAR_BAND`): distance i - j, no p2p, skew tiles for the head dim (with or without dropout), tables in the
+    inputs' dtype (the products run on the tensor cores in that dtype)."""
     if NEAR_BAND not in NEAR_BAND_MODES:
         raise ValueError(f"triton_backend.NEAR_BAND must be one of {NEAR_BAND_MODES}, got {NEAR_BAND!r}")
     wanted = NEAR_BAND == "skew" or (NEAR_BAND == "skew-forward" and kernels == FORWARD)
     tables = [t for t in (pos_q, pos_k) if t is not None]
     same_dtype = bool(tables) and all(t.dtype == q.dtype for t in tables)
-    served = skew_served(q.shape[-1], kernels)
-    return wanted and ij and not p2p and not dropout and served and same_dtype
+    served = skew_served(q.shape[-1], kernels, dropout)
+    return wanted and ij and not p2p and served and same_dtype
 
 
 def _skew_ends(lut: Tensor, skew: bool) -> Tensor | None:

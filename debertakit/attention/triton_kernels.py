@@ -403,7 +403,10 @@ def _fwd_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped pairs too
         if DROPOUT:
-            p = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), p, 0.0)
+            # a product with the mask as 0 / 1, not a select on it: with SKEW, Triton (3.6, 3.9) moves the
+            # boolean mask between layouts through shared memory, which cannot hold 1-bit elements (the compile
+            # fails); the float mask moves
+            p = p * _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N).to(tl.float32)
         acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
         m_i = m_new
 

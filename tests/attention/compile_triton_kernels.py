@@ -41,7 +41,7 @@ def configurations(everything: bool):
                 flags = dict(every, DROPOUT=dropout, SKEW=False)
                 yield "bf16", head_dim, flags, 90
                 yield "bf16", head_dim, dict(flags, IJ=False), 90
-            yield "bf16", head_dim, dict(every, DROPOUT=False), 90  # skewed where served (`_buildable`)
+                yield "bf16", head_dim, dict(flags, SKEW=True), 90  # skewed where served (`_buildable`)
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on
@@ -53,10 +53,10 @@ def configurations(everything: bool):
 
 
 def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
-    """The flags as the backend would build them for ``kernel``: skewed only at distance i - j, without
-    dropout, where `SKEW_TILES` serves the kernel's direction at the head dim (`triton_backend._uses_skew`)."""
-    served = skew_served(head_dim, FORWARD if kernel == "_fwd_kernel" else BACKWARD)
-    if flags["SKEW"] and (not served or flags["DROPOUT"] or not flags["IJ"]):
+    """The flags as the backend would build them for ``kernel``: skewed only at distance i - j, where
+    `SKEW_TILES` / `SKEW_DROPOUT_TILES` serve the kernel's direction at the head dim (`triton_backend._uses_skew`)."""
+    served = skew_served(head_dim, FORWARD if kernel == "_fwd_kernel" else BACKWARD, flags["DROPOUT"])
+    if flags["SKEW"] and (not served or not flags["IJ"]):
         return dict(flags, SKEW=False)
     return flags
 

@@ -473,7 +473,8 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     assert uses(q, None, table, True, False, False)  # c2p only (the forward by default)
     assert not uses(q, table, table, False, False, False)  # explicit positions
     assert not uses(q, table, table, True, True, False)  # p2p
-    assert not uses(q, table, table, True, False, True, bwd)  # dropout
+    assert uses(q, table, table, True, False, True, fwd)  # dropout (`SKEW_DROPOUT_TILES`)
+    assert uses(q, table, table, True, False, True, bwd)
     assert not uses(q.bfloat16(), table, table, True, False, False)  # float32 tables under bfloat16 inputs
     assert not uses(q, None, None, True, False, False)  # no position terms
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
@@ -482,6 +483,14 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     monkeypatch.delitem(triton_backend.SKEW_TILES[128], "_dkv_kernel")  # no dK/dV tile: the forward only
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)
+    # the tables with dropout are separate: a dK/dV tile there serves the backward with dropout
+    monkeypatch.setitem(triton_backend.SKEW_DROPOUT_TILES, 128, dict(triton_backend.SKEW_DROPOUT_TILES[64]))
+    assert uses(wide, wide_table, wide_table, True, False, True, bwd)
+    # no skewed forward tile with dropout: that forward takes the tables road, the one without dropout does not
+    monkeypatch.delitem(triton_backend.SKEW_DROPOUT_TILES[64], "_fwd_kernel")
+    assert not uses(q, table, table, True, False, True, fwd)
+    assert uses(q, table, table, True, False, True, bwd)
+    assert uses(q, table, table, True, False, False, fwd)
     _near_band(monkeypatch, "skew-forward")
     assert uses(q, table, table, True, False, False, fwd)
     assert not uses(q, table, table, True, False, False, bwd)
@@ -530,21 +539,37 @@ def _eager_with_mask(c: Case, inputs, geom: Geometry, keep: torch.Tensor, p: flo
     return out, torch.autograd.grad(out, leaves, grad_out)
 
 
+def _compare_with_dropout(monkeypatch, c: Case, dtype: torch.dtype, device: str, p: float) -> None:
+    """The kernels' forward and backward with dropout ``p`` against eager times the mask `dropout_keep_mask`
+    materialises for the call's seed: output and every gradient."""
+    seeds = _record_seeds(monkeypatch)
+    geom = _geometry(c, device)
+    inputs = _inputs(c, dtype, device)
+    got = _run(triton_attention, c, inputs, geom, dropout_p=p)
+    assert len(seeds) == 1
+    keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, p, device)
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.15
+    want = _eager_with_mask(c, inputs, geom, keep, p)
+    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", DROPOUT_GRID)
 def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
     """Forward and backward kernels apply one mask, the one `dropout_keep_mask` materialises for the call's
     seed: output and every gradient equal eager's probabilities times that mask."""
-    c = GRID[name]
-    seeds = _record_seeds(monkeypatch)
-    geom = _geometry(c, DEVICE)
-    inputs = _inputs(c, dtype, DEVICE)
-    got = _run(triton_attention, c, inputs, geom, dropout_p=0.3)
-    assert len(seeds) == 1
-    keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, 0.3, DEVICE)
-    assert 0.55 < keep.float().mean().item() < 0.85
-    want = _eager_with_mask(c, inputs, geom, keep, 0.3)
-    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+    _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["n70_saturating", "p2c_only", "packed_causal", "cross_nq_gt_nk"])
+def test_skewed_kernels_with_dropout_equal_eager_with_the_kernels_mask(monkeypatch, name, dtype):
+    """The skewed kernels draw the same mask (it depends on (seed, b·H + h, i, j) only): forward and backward
+    on the skewed road, no N×R table built."""
+    _near_band(monkeypatch, "skew")
+    widths = _table_widths(monkeypatch)
+    _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
+    assert widths == [2, 2], widths
 
 
 class _Ops(TorchDispatchMode):
@@ -751,11 +776,15 @@ def test_gpu_tiles_are_the_static_reports_choice():
                 assert str(tiles) == chosen[f"{name} d{head_dim} {use}"], (name, head_dim, use)
         # the skewed kernels: where the report found tiles for the forward, for both backward kernels
         for kernels in (triton_backend.FORWARD, triton_backend.BACKWARD):
-            found = [chosen.get(f"{name} d{head_dim} skew") for name in kernels]
-            assert triton_backend.skew_served(head_dim, kernels) == all(found), (head_dim, kernels, found)
-            if all(found):
-                got = [str(triton_backend.tiles_for(cuda, head_dim, name, skew=True)) for name in kernels]
-                assert got == found, (head_dim, kernels)
+            for use, dropout in (("skew", False), ("skew+dropout", True)):
+                found = [chosen.get(f"{name} d{head_dim} {use}") for name in kernels]
+                served = triton_backend.skew_served(head_dim, kernels, dropout)
+                assert served == all(found), (head_dim, kernels, use, found)
+                if all(found):
+                    got = [
+                        str(triton_backend.tiles_for(cuda, head_dim, n, dropout, skew=True)) for n in kernels
+                    ]
+                    assert got == found, (head_dim, kernels, use)
 
 
 def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsys):
@@ -839,14 +868,16 @@ GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is 
 def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
     """Compiled kernels at real sizes and their tiles (which differ per kernel): the mask the forward draws is
     the one the backward redraws."""
-    c = GPU_GRID[name]
-    seeds = _record_seeds(monkeypatch)
-    geom = _geometry(c, "cuda")
-    inputs = _inputs(c, dtype, "cuda")
-    got = _run(triton_attention, c, inputs, geom, dropout_p=0.1)
-    keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n_k or c.n, 0.1, "cuda")
-    want = _eager_with_mask(c, inputs, geom, keep, 0.1)
-    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+    _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal", "v3_cross"])
+def test_skewed_kernels_with_dropout_match_eager_gpu(monkeypatch, name, dtype):
+    """The skewed kernels' own tiles (`SKEW_DROPOUT_TILES`) draw the mask the other kernels draw."""
+    _near_band(monkeypatch, "skew")
+    _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
 
 
 def _attend_v3(c: Case, geom: Geometry, *tensors, p: float = 0.1) -> torch.Tensor:
@@ -992,6 +1023,7 @@ def test_gpu_benchmark_dropout_section_rows(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     impls = {r["impl"] for r in rows}
     assert {"triton +dropout 0.2", "eager +dropout 0.2", "sdpa (no position terms) +dropout 0.2"} <= impls
+    assert {"triton skew +dropout 0.2", "triton skew-forward +dropout 0.2"} <= impls  # both skewed roads
     assert not any(r["impl"].startswith("flex") for r in rows)  # flex has no dropout: not timed
     assert all(r["section"] == "dropout" and "fwd_bwd_ms" in r for r in rows)
 
