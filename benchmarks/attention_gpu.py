@@ -2,7 +2,8 @@
 
 Sections (all bfloat16 on one CUDA device):
 
-1. ``attention``: the attention core (q, k, v and the projected relative tables given), 12 heads, head dim 64,
+1. ``attention``: the attention core (q, k, v and the projected relative tables given; q, k, v in the layout the
+   model's projections produce, (B, N, H, d) memory viewed as (B, H, N, d)), 12 heads, head dim 64,
    v3 position setup (log buckets 256, max distance 512, c2p + p2c), N = 128 … 16384 at batch·N = 16384.
    Forward and forward+backward time, TFLOP/s and peak memory. FLOPs are counted as FlashAttention counts them:
    4·N²·d per head and batch row for the forward (QKᵀ and PV), 2.5× that for the backward, so forward+backward
@@ -177,7 +178,11 @@ def _attention_rows(
     def rnd(*shape):
         return torch.randn(*shape, generator=g, device=device, dtype=dtype).requires_grad_()
 
-    q, k, v = rnd(batch, H, n, D), rnd(batch, H, n, D), rnd(batch, H, n, D)
+    def projected():  # (B, N, H, d) memory viewed as (B, H, N, d): what the model's projections give
+        x = torch.randn(batch, n, H, D, generator=g, device=device, dtype=dtype)
+        return x.transpose(1, 2).requires_grad_()
+
+    q, k, v = projected(), projected(), projected()
     pos_q, pos_k = rnd(H, rel.table_rows, D), rnd(H, rel.table_rows, D)
     grad = torch.randn(batch, H, n, D, device=device, dtype=dtype)
     leaves = [q, k, v, pos_q, pos_k]

@@ -3,8 +3,8 @@
 Every call of the backend runs PyTorch operations besides the fused kernels: the N×R tables of the position
 terms, the backward's fold of its distance-space gradients into the position tables and into dQ / dK. This work
 is linear in N, but it can still cost as much as the kernels: a float32 matmul runs on a GPU's CUDA cores, an
-order of magnitude slower than a 16-bit one on the tensor cores, and every (B, H, N, R) buffer is written and read
-through memory.
+order of magnitude slower than a 16-bit one on the tensor cores, and every N×R buffer (per head and batch row) is
+written and read through memory.
 
 This script counts that work exactly, at the GPU benchmark's shapes, by running the backend's forward and
 backward on PyTorch's ``meta`` device (shapes without data, standing for the GPU: the code takes its GPU paths)

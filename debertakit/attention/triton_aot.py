@@ -21,7 +21,7 @@ from pathlib import Path
 INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI", "Q_LO", "Q_HI"}
 F32_POINTERS = {"ROW", "COL", "LSE", "DELTA", "DQ", "DK"}  # DV and the distance buffers: the inputs' dtype
 STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) activations, in elements
-INTS = {"H", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *STRIDES}
+INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *STRIDES}
 FLOATS = {"scale", "drop_scale"}
 FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW")
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")

@@ -235,19 +235,24 @@ _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()  # bmm(..., out_dtype
 
 
 def _matmul_f32(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` as float32, a (B, H, M, K), b (H, K, N) or (B, H, K, N). On a GPU with 16-bit operands the
-    product runs on the tensor cores with a float32 result (exact products, float32 accumulation: what the
-    kernels compute from the same operands); float32 operands on CUDA cores would be an order of magnitude slower
-    for the same numbers. Elsewhere (the CPU interpreter, float32 inputs) the operands are widened to float32."""
+    """``a @ b`` as float32 per head, a (H, M, K), b (H, K, N). On a GPU with 16-bit operands the product runs
+    on the tensor cores with a float32 result (exact products, float32 accumulation: what the kernels compute
+    from the same operands); float32 operands on CUDA cores would be an order of magnitude slower for the same
+    numbers. Elsewhere (the CPU interpreter, float32 inputs) the operands are widened to float32. Operands with
+    a unit stride in either of their last two dims are read in place (cuBLAS takes any row stride and batch
+    stride), so `_per_head` views cost no copy."""
     half = a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
     if not half or a.device.type == "cpu" or not _BMM_OUT_DTYPE:  # CPU has no 16-bit -> float32 bmm
-        return torch.matmul(a.float(), b.float())
-    B, H, M, K = a.shape
-    N = b.shape[-1]
-    out = torch.bmm(
-        a.reshape(B * H, M, K), b.expand(B, H, K, N).reshape(B * H, K, N), out_dtype=torch.float32
-    )
-    return out.view(B, H, M, N)
+        return torch.bmm(a.float(), b.float())
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _per_head(t: Tensor) -> Tensor:
+    """(B, H, N, c) ``t`` as (H, B·N, c): the rows of each head across the batch, the layout of the tables and
+    distance buffers (see `triton_kernels`). A view when ``t`` is a (B, N, H, c) tensor viewed as (B, H, N, c)
+    (what the projections give), a copy otherwise."""
+    B, H, N, C = t.shape
+    return t.permute(1, 0, 2, 3).reshape(H, B * N, C)
 
 
 def _tables(
@@ -260,7 +265,7 @@ def _tables(
     p2p: bool,
     rows: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """ROW = Q·Krᵀ + p2p (B, H, Nq, R) and COL = K·Qrᵀ (B, H, Nk, R), float32, unscaled (the kernels scale each
+    """ROW = Q·Krᵀ + p2p (H, B·Nq, R) and COL = K·Qrᵀ (H, B·Nk, R), float32, unscaled (the kernels scale each
     score once: see `triton_kernels`); with ``rows``, only those rows of the tables (the skewed kernels need
     the two saturated ends)."""
     if rows is not None:
@@ -268,12 +273,12 @@ def _tables(
         pos_k = None if pos_k is None else pos_k[:, rows]
     row = col = None
     if c2p:
-        row = _matmul_f32(q, pos_k.transpose(-1, -2))
+        row = _matmul_f32(_per_head(q), pos_k.transpose(-1, -2))
     if p2p:
-        bias = (pos_q.float() * pos_k.float()).sum(-1)[None, :, None, :]  # (1, H, 1, R)
-        row = bias.expand(q.shape[0], -1, q.shape[2], -1) if row is None else row.add_(bias)
+        bias = (pos_q.float() * pos_k.float()).sum(-1)[:, None, :]  # (H, 1, R)
+        row = bias.expand(-1, q.shape[0] * q.shape[2], -1) if row is None else row.add_(bias)
     if p2c:
-        col = _matmul_f32(k, pos_q.transpose(-1, -2))
+        col = _matmul_f32(_per_head(k), pos_q.transpose(-1, -2))
     return (None if row is None else row.contiguous()), (None if col is None else col.contiguous())
 
 
@@ -369,7 +374,7 @@ def _fwd_op(
             _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32), lut, PQ, PK,
             q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
-            H, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
+            H, B, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, WT=t.skew_width,
         )  # fmt: skip
@@ -381,27 +386,29 @@ def _(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor) -> Tensor:
-    """Σ over distances of dist(n, δ) · table[idx(δ)]: the gradient (B, H, N, d) that ROW / COL's cells pass to
-    Q / K (unscaled), as one matmul in distance space against the table rows gathered through the LUT, (H, W, d).
-    No (N, R) buffer: folding the distances into table rows first would write and read one (the index_add), and
-    its matmul would run on float32 operands."""
-    return _matmul_f32(dist, table[:, lut])
+def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
+    """Adds Σ over distances of dist(n, δ) · table[idx(δ)] · scale to ``grad`` (B, H, N, d): what ROW / COL's
+    cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W), against the table rows
+    gathered through the LUT, (H, W, d). No (N, R) buffer: folding the distances into table rows first would
+    write and read one (the index_add), and its matmul would run on float32 operands."""
+    B, H, N, _ = grad.shape
+    per_head = _matmul_f32(dist, table[:, lut])  # (H, B·N, d)
+    grad.add_(per_head.unflatten(1, (B, N)).transpose(0, 1), alpha=scale)
 
 
-def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int) -> Tensor:
-    """Σ over (b, n) of dist(n, δ) · content_n, folded into table rows: the gradient (H, R, d) of the position
-    table (unscaled). The (W, d) products per (b, h) are summed over the batch and added into their rows
-    through the LUT (exact: each distance has one row)."""
-    return _into_rows(
-        _matmul_f32(dist.transpose(-1, -2), content).sum(0), lut, rows
-    )  # (H, W, d) -> (H, R, d)
+def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
+    """Σ over (b, n) of dist(n, δ) · content_n · scale, folded into table rows: the gradient (H, R, d) of the
+    position table. One matmul per head, dist (H, B·N, W) against the content rows (H, B·N, d), sums over the
+    batch too; the (H, W, d) products are added into their rows through the LUT (exact: each distance has one
+    row)."""
+    return _into_rows(_matmul_f32(dist.transpose(-1, -2), _per_head(content)), lut, rows, scale)
 
 
-def _into_rows(per_distance: Tensor, lut: Tensor, rows: int) -> Tensor:
-    """(H, W, ...) values per distance added into the table rows they index through the LUT: (H, R, ...)."""
+def _into_rows(per_distance: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
+    """(H, W, ...) values per distance, times ``scale``, added into the table rows they index through the LUT:
+    (H, R, ...)."""
     out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
-    return out.index_add_(1, lut, per_distance)
+    return out.index_add_(1, lut, per_distance, alpha=scale)
 
 
 @torch.library.custom_op("debertakit::disentangled_attention_bwd", mutates_args=())
@@ -449,9 +456,10 @@ def _bwd_op(
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
-        # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), zero where no pair lands
-        dq_dist = torch.zeros((B, H, NQ, W), dtype=q.dtype, device=dev) if row is not None else None
-        dk_dist = torch.zeros((B, H, NK, W), dtype=q.dtype, device=dev) if col is not None else None
+        # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), laid out per head as the tables are,
+        # zero where no pair lands
+        dq_dist = torch.zeros((H, B * NQ, W), dtype=q.dtype, device=dev) if row is not None else None
+        dk_dist = torch.zeros((H, B * NK, W), dtype=q.dtype, device=dev) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
@@ -473,35 +481,40 @@ def _bwd_op(
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
-            H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
+            H, B, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
-            H, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
+            H, B, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, tables  # free the N×R tables before the fold
-        dpos_q = torch.zeros_like(pos_q, dtype=torch.float32) if pos_q is not None else q.new_empty(0)
-        dpos_k = torch.zeros_like(pos_k, dtype=torch.float32) if pos_k is not None else q.new_empty(0)
+        # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
+        dpos_q = dpos_k = None
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
-                dq.add_(_fold_into_content(dq_dist, pos_k, lut), alpha=scale)
-                dpos_k.add_(_fold_into_table(dq_dist, q, lut, pos_k.shape[1]), alpha=scale)
+                _fold_into_content(dq_dist, pos_k, lut, dq, scale)
+                dpos_k = _fold_into_table(dq_dist, q, lut, pos_k.shape[1], scale)
             if p2p:
-                per_distance = dq_dist.sum((0, 2), dtype=torch.float32)  # (H, W)
-                g = _into_rows(per_distance, lut, pos_k.shape[1])[..., None]  # (H, R, 1)
-                dpos_q += g * scale * pos_k.float()
-                dpos_k += g * scale * pos_q.float()
+                per_distance = dq_dist.sum(1, dtype=torch.float32)  # (H, W)
+                g = _into_rows(per_distance, lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
+                dpos_q = _plus(dpos_q, g * pos_k.float())
+                dpos_k = _plus(dpos_k, g * pos_q.float())
         if dk_dist is not None:  # COL = K·Qrᵀ
-            dk.add_(_fold_into_content(dk_dist, pos_q, lut), alpha=scale)
-            dpos_q.add_(_fold_into_table(dk_dist, k, lut, pos_q.shape[1]), alpha=scale)
-    return (
-        dq.to(q.dtype),
-        dk.to(k.dtype),
-        dv,
-        dpos_q.to(pos_q.dtype) if pos_q is not None else dpos_q,
-        dpos_k.to(pos_k.dtype) if pos_k is not None else dpos_k,
-    )
+            _fold_into_content(dk_dist, pos_q, lut, dk, scale)
+            dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k, lut, pos_q.shape[1], scale))
+    return dq.to(q.dtype), dk.to(k.dtype), dv, _table_grad(dpos_q, pos_q, q), _table_grad(dpos_k, pos_k, q)
+
+
+def _plus(total: Tensor | None, term: Tensor) -> Tensor:
+    return term if total is None else total.add_(term)
+
+
+def _table_grad(grad: Tensor | None, table: Tensor | None, q: Tensor) -> Tensor:
+    """A position table's gradient in its dtype; an empty tensor when the table is absent."""
+    if table is None:
+        return q.new_empty(0)
+    return torch.zeros_like(table) if grad is None else grad.to(table.dtype)
 
 
 @_bwd_op.register_fake

@@ -4,7 +4,7 @@ Notation (one batch row ``b``, one head ``h``; see `eager_attention` for the spe
 
     s(i, j) = (q_i·k_j + ROW[i, idx(i, j)] + COL[j, idx(i, j)]) · scale
 
-``ROW = Q Krᵀ + p2p bias`` (B, H, Nq, R) and ``COL = K Qrᵀ`` (B, H, Nk, R) are the N×R products of the paper's
+``ROW = Q Krᵀ + p2p bias`` (H, B, Nq, R) and ``COL = K Qrᵀ`` (H, B, Nk, R) are the N×R products of the paper's
 Algorithm 1, computed once per call by the caller (matmuls linear in N, on the tensor cores with float32 results).
 The kernels scale the values they read (one row / column value per far tile, an FMA per gathered element), so
 the tables need no pass of their own to scale them. ``idx(i, j) =
@@ -28,7 +28,10 @@ scores the same way; their distance-space gradients (below) do not depend on how
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
 layout `merge_heads` wants. Query-side tensors (Q, OUT, DO, DQ) share one set of strides ``SQB, SQH, SQN``,
-key-side ones (K, V, DK, DV) another, ``SKB, SKH, SKN``; d is contiguous. Offsets to a program's (b, h) are 64-bit,
+key-side ones (K, V, DK, DV) another, ``SKB, SKH, SKN``; d is contiguous. The tables ROW / COL and the distance
+buffers DQ_DIST / DK_DIST are laid out per head, (H, B, N, ·): the caller's matmuls that build and fold them then
+run per head over all B·N rows at once, reading Q and K in the projections' layout as (H, B·N, d) views (no copy)
+and summing the table gradients over the batch inside the matmul. Offsets to a program's (b, h) are 64-bit,
 offsets inside it 32-bit (the caller checks N · row stride < 2**31).
 
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
@@ -87,6 +90,13 @@ def _block_and_head(N, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     bh = pid // n_blocks
     return pid - bh * n_blocks, bh
+
+
+@triton.jit
+def _head_major(bh, H, B, N):
+    """Offset (64-bit, in rows) of the N rows of program (b, h) (``bh = b·H + h``) in a buffer laid out per
+    head, (H, B, N, ·): the tables ROW / COL and the distance buffers (see the layout note above)."""
+    return ((bh % H) * B + bh // H).to(tl.int64) * N
 
 
 @triton.jit
@@ -325,6 +335,7 @@ def _fwd_kernel(
     SKH,
     SKN,
     H,
+    B,
     NQ,
     NK,
     R,
@@ -352,16 +363,15 @@ def _fwd_kernel(
     b = bh // H
     # 64-bit offsets once per program, to this (b, h) or b; 32-bit offsets inside
     q_off = bh.to(tl.int64) * NQ
-    k_off = bh.to(tl.int64) * NK
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
     OUT += q_base
     LSE += q_off
-    ROW += q_off * R
+    ROW += _head_major(bh, H, B, NQ) * R
     K += k_base
     V += k_base
-    COL += k_off * R
+    COL += _head_major(bh, H, B, NK) * R
     QPOS += b * NQ
     QSEG += b * NQ
     KV_LO += b * NQ
@@ -451,6 +461,7 @@ def _dq_kernel(
     SKH,
     SKN,
     H,
+    B,
     NQ,
     NK,
     R,
@@ -480,7 +491,7 @@ def _dq_kernel(
     b = bh // H
     W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
-    k_off = bh.to(tl.int64) * NK
+    q_tab = _head_major(bh, H, B, NQ)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
@@ -489,11 +500,11 @@ def _dq_kernel(
     DQ += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += q_off * R
-    DQ_DIST += q_off * W
+    ROW += q_tab * R
+    DQ_DIST += q_tab * W
     K += k_base
     V += k_base
-    COL += k_off * R
+    COL += _head_major(bh, H, B, NK) * R
     QPOS += b * NQ
     QSEG += b * NQ
     KV_LO += b * NQ
@@ -580,6 +591,7 @@ def _dkv_kernel(
     SKH,
     SKN,
     H,
+    B,
     NQ,
     NK,
     R,
@@ -608,20 +620,20 @@ def _dkv_kernel(
     b = bh // H
     W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
-    k_off = bh.to(tl.int64) * NK
+    k_tab = _head_major(bh, H, B, NK)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
     DO += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += q_off * R
+    ROW += _head_major(bh, H, B, NQ) * R
     K += k_base
     V += k_base
     DK += k_base
     DV += k_base
-    COL += k_off * R
-    DK_DIST += k_off * W
+    COL += k_tab * R
+    DK_DIST += k_tab * W
     QPOS += b * NQ
     QSEG += b * NQ
     KPOS += b * NK
