@@ -503,14 +503,20 @@ def _bwd_op(
         if dk_dist is not None:  # COL = K·Qrᵀ
             _fold_into_content(dk_dist, pos_q, lut, dk, scale)
             dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k, lut, pos_q.shape[1], scale))
-    return dq.to(q.dtype), dk.to(k.dtype), dv, _table_grad(dpos_q, pos_q, q), _table_grad(dpos_k, pos_k, q)
+    return (
+        dq.to(q.dtype),
+        dk.to(k.dtype),
+        dv,
+        _position_grad(dpos_q, pos_q, q),
+        _position_grad(dpos_k, pos_k, q),
+    )
 
 
 def _plus(total: Tensor | None, term: Tensor) -> Tensor:
     return term if total is None else total.add_(term)
 
 
-def _table_grad(grad: Tensor | None, table: Tensor | None, q: Tensor) -> Tensor:
+def _position_grad(grad: Tensor | None, table: Tensor | None, q: Tensor) -> Tensor:
     """A position table's gradient in its dtype; an empty tensor when the table is absent."""
     if table is None:
         return q.new_empty(0)

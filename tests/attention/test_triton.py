@@ -877,7 +877,9 @@ def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
 def test_skewed_kernels_with_dropout_match_eager_gpu(monkeypatch, name, dtype):
     """The skewed kernels' own tiles (`SKEW_DROPOUT_TILES`) draw the mask the other kernels draw."""
     _near_band(monkeypatch, "skew")
+    widths = _table_widths(monkeypatch)
     _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
+    assert widths == [2, 2], widths  # both directions took the skewed road
 
 
 def _attend_v3(c: Case, geom: Geometry, *tensors, p: float = 0.1) -> torch.Tensor:
