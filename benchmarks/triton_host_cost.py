@@ -44,6 +44,7 @@ from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
 from debertakit.attention.geometry import Geometry  # noqa: E402
 from debertakit.attention.relative import RelativeIndex, scale_for  # noqa: E402
+from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
@@ -199,9 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         rows=rows,
         table=table,
     )
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(args.out)
+    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -256,30 +257,67 @@ def _per_head(t: Tensor) -> Tensor:
 
 
 def _tables(
-    q: Tensor,
-    k: Tensor,
+    q_heads: Tensor | None,
+    k_heads: Tensor | None,
+    query_rows: int,
     pos_q: Tensor | None,
     pos_k: Tensor | None,
-    c2p: bool,
-    p2c: bool,
     p2p: bool,
     rows: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """ROW = Q·Krᵀ + p2p (H, B·Nq, R) and COL = K·Qrᵀ (H, B·Nk, R), float32, unscaled (the kernels scale each
-    score once: see `triton_kernels`); with ``rows``, only those rows of the tables (the skewed kernels need
-    the two saturated ends)."""
+    score once: see `triton_kernels`), from q and k per head (`_per_head`; given where c2p / p2c are used);
+    ``query_rows`` = B·Nq. With ``rows``, only those rows of the tables (the skewed kernels need the two
+    saturated ends)."""
     if rows is not None:
         pos_q = None if pos_q is None else pos_q[:, rows]
         pos_k = None if pos_k is None else pos_k[:, rows]
     row = col = None
-    if c2p:
-        row = _matmul_f32(_per_head(q), pos_k.transpose(-1, -2))
+    if q_heads is not None:  # c2p
+        row = _matmul_f32(q_heads, pos_k.transpose(-1, -2))
     if p2p:
         bias = (pos_q.float() * pos_k.float()).sum(-1)[:, None, :]  # (H, 1, R)
-        row = bias.expand(-1, q.shape[0] * q.shape[2], -1) if row is None else row.add_(bias)
-    if p2c:
-        col = _matmul_f32(_per_head(k), pos_q.transpose(-1, -2))
+        row = bias.expand(-1, query_rows, -1) if row is None else row.add_(bias)
+    if k_heads is not None:  # p2c
+        col = _matmul_f32(k_heads, pos_q.transpose(-1, -2))
     return (None if row is None else row.contiguous()), (None if col is None else col.contiguous())
+
+
+class _PositionInputs(NamedTuple):
+    """What a call's kernels need of the position terms, built the same way in both directions (the backward
+    rebuilds the tables: nothing N×R is saved)."""
+
+    skew: bool  # the near band from the position tables (`_uses_skew`)
+    row: Tensor | None  # ROW, float32 per head; skewed: its two saturated ends only
+    col: Tensor | None  # COL, likewise
+    R: int  # their width
+    PQ: Tensor  # the kernels' position-table arguments (`_position_args`)
+    PK: Tensor
+    TR: int
+    q_heads: Tensor | None  # q per head (`_per_head`) where c2p is used, k where p2c is: made once per call
+    k_heads: Tensor | None
+
+
+def _position_inputs(
+    q: Tensor,
+    k: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    lut: Tensor,
+    c2p: bool,
+    p2c: bool,
+    p2p: bool,
+    ij: bool,
+    dropout: bool,
+    kernels: tuple[str, ...],
+) -> _PositionInputs:
+    skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
+    q_heads = _per_head(q) if c2p else None
+    k_heads = _per_head(k) if p2c else None
+    query_rows = q.shape[0] * q.shape[2]
+    row, col = _tables(q_heads, k_heads, query_rows, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
+    PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
+    return _PositionInputs(skew, row, col, _table_rows(row, col), PQ, PK, TR, q_heads, k_heads)
 
 
 def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
@@ -361,13 +399,12 @@ def _fwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0, FORWARD)
-        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
-        R = _table_rows(row, col)
+        skew, row, col, R, PQ, PK, TR, _, _ = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, FORWARD
+        )
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
         t = tiles_for(dev, D, "_fwd_kernel", drop_t > 0, skew)
-        PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
             q, k, v,
@@ -398,10 +435,10 @@ def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, s
 
 def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
     """Σ over (b, n) of dist(n, δ) · content_n · scale, folded into table rows: the gradient (H, R, d) of the
-    position table. One matmul per head, dist (H, B·N, W) against the content rows (H, B·N, d), sums over the
-    batch too; the (H, W, d) products are added into their rows through the LUT (exact: each distance has one
-    row)."""
-    return _into_rows(_matmul_f32(dist.transpose(-1, -2), _per_head(content)), lut, rows, scale)
+    position table. One matmul per head, dist (H, B·N, W) against the content rows per head (H, B·N, d,
+    `_per_head`), sums over the batch too; the (H, W, d) products are added into their rows through the LUT
+    (exact: each distance has one row)."""
+    return _into_rows(_matmul_f32(dist.transpose(-1, -2), content), lut, rows, scale)
 
 
 def _into_rows(per_distance: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
@@ -446,10 +483,9 @@ def _bwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        # recomputed (nothing N×R is saved); skewed: the two ends only
-        skew = _uses_skew(q, pos_q, pos_k, ij, p2p, drop_t > 0, BACKWARD)
-        row, col = _tables(q, k, pos_q, pos_k, c2p, p2c, p2p, rows=_skew_ends(lut, skew))
-        R = _table_rows(row, col)
+        skew, row, col, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, BACKWARD
+        )
         W = 2 * sat + 1
         dout, out = _like(dout, q), _like(out, q)  # read through q's strides
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
@@ -464,7 +500,6 @@ def _bwd_op(
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
         t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)
-        PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
         tables = (
             _or_unused(row, dev, torch.float32),
             _or_unused(col, dev, torch.float32),
@@ -494,7 +529,7 @@ def _bwd_op(
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
                 _fold_into_content(dq_dist, pos_k, lut, dq, scale)
-                dpos_k = _fold_into_table(dq_dist, q, lut, pos_k.shape[1], scale)
+                dpos_k = _fold_into_table(dq_dist, q_heads, lut, pos_k.shape[1], scale)
             if p2p:
                 per_distance = dq_dist.sum(1, dtype=torch.float32)  # (H, W)
                 g = _into_rows(per_distance, lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
@@ -502,7 +537,7 @@ def _bwd_op(
                 dpos_k = _plus(dpos_k, g * pos_q.float())
         if dk_dist is not None:  # COL = K·Qrᵀ
             _fold_into_content(dk_dist, pos_q, lut, dk, scale)
-            dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k, lut, pos_q.shape[1], scale))
+            dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k_heads, lut, pos_q.shape[1], scale))
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),
