@@ -11,13 +11,15 @@ backward on PyTorch's ``meta`` device (shapes without data, standing for the GPU
 with the kernel launches replaced by no-ops, under a dispatch mode that records every operation:
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
-- bytes moved: each operation's tensor inputs read and outputs written once (views move nothing; a fill writes
-  only). An estimate of memory traffic, not a measurement of it;
+- bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
+  nothing; a fill writes only). An estimate of memory traffic, not a measurement of it;
 - operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
   of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
 The kernels' own work is the attention FLOPs, 4·N²·d per head forward and 2.5 times that backward (the
-convention of ``attention_gpu.py``); the table prints the host-side FLOPs next to it.
+convention of ``attention_gpu.py``); the table prints the host-side FLOPs next to it. Their memory traffic is
+not counted here: what they read and write, the outputs and gradients allocated for them, and at distance
+i - j (the shapes here) the zeros of the distance buffers' cells that no visible pair lands in.
 
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """
@@ -49,7 +51,7 @@ from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory from the allocator, no kernel
-FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full", *ALLOCATIONS}
+FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full"}
 
 
 def _matmul_flops(name: str, args) -> int:
@@ -72,12 +74,11 @@ class Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if func.is_view or name in VIEWS:
+        if func.is_view or name in VIEWS or name in ALLOCATIONS:  # nothing moved, nothing launched
             return out
         ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if name not in ALLOCATIONS:
-            self.launches[name] += 1
+        self.launches[name] += 1
         if name in MATMULS:
             operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
             self.flops[operand] += _matmul_flops(name, args)
