@@ -120,7 +120,7 @@ NEAR_BAND = "tables"
 SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
-        "_dq_kernel": Tiles(32, 32, 8, 2),
+        "_dq_kernel": Tiles(32, 32, 4, 2),
         "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     128: {
@@ -423,6 +423,22 @@ def _(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+# Set by the tests: the distance buffers that the kernels write whole are filled with NaN before the kernels run
+# instead of left as the allocator hands them out, so that a cell the kernels miss poisons the gradients.
+POISON_DISTANCE_BUFFERS = False
+
+
+def _distance_buffer(heads: int, rows: int, width: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:
+    """A distance-space gradient buffer (H, B·N, W). At distance i - j the backward kernels write every cell,
+    zeros included (`triton_kernels._table_grad`, `_zero_unvisited`): it is allocated without a fill, which
+    would write the whole buffer once more (at v3-base sizes a fifth to a quarter of the backward's traffic
+    outside the kernels: `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled."""
+    if not ij:
+        return torch.zeros((heads, rows, width), dtype=dtype, device=dev)
+    buffer = torch.empty((heads, rows, width), dtype=dtype, device=dev)
+    return buffer.fill_(float("nan")) if POISON_DISTANCE_BUFFERS else buffer
+
+
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
     """Adds Σ over distances of dist(n, δ) · table[idx(δ)] · scale to ``grad`` (B, H, N, d): what ROW / COL's
     cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W), against the table rows
@@ -494,8 +510,8 @@ def _bwd_op(
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), laid out per head as the tables are,
         # zero where no pair lands
-        dq_dist = torch.zeros((H, B * NQ, W), dtype=q.dtype, device=dev) if row is not None else None
-        dk_dist = torch.zeros((H, B * NK, W), dtype=q.dtype, device=dev) if col is not None else None
+        dq_dist = _distance_buffer(H, B * NQ, W, q.dtype, dev, ij) if row is not None else None
+        dk_dist = _distance_buffer(H, B * NK, W, q.dtype, dev, ij) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)

@@ -43,9 +43,12 @@ COL[j, idx]. Within one query row the visible keys have distinct positions (one 
 space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
 block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums the saturated pairs of each side
 into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
-No cell is written twice, so plain stores suffice. The buffers hold the inputs' dtype (one rounding of each dS, as
-`eager` rounds its score gradients to that dtype; the two end cells are summed in float32 first). The caller
-finishes the chain rule with matmuls in distance space (see `triton_backend`).
+No cell is written twice, so plain stores suffice. At distance i - j the kernels also write the zeros of the
+cells no visible pair lands in (hidden pairs of the tiles they visit and, before their loops, the cells whose
+partner lies outside the blocks the loops visit: `_zero_unvisited`), so the caller allocates the buffers
+without a fill, which would write them whole once more. The buffers hold the inputs' dtype (one rounding of
+each dS, as `eager` rounds its score gradients to that dtype; the two end cells are summed in float32 first).
+The caller finishes the chain rule with matmuls in distance space (see `triton_backend`).
 Both kernels need each query row's ``DELTA = rowsum(P ∘ dP) = dO·O``: the dQ kernel, launched first, computes
 it from the rows of dO and O it owns and stores it for the dK/dV kernel (no pass of its own over dO and O).
 
@@ -257,11 +260,16 @@ def _keep_mask_kernel(OUT, SEED, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def _table_grad(
-    DIST, own, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, AXIS: tl.constexpr
+    DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT,
+    AXIS: tl.constexpr, IJ: tl.constexpr,
 ):  # fmt: skip
     """Distance-space gradient of one tile's table entries, for the rows (AXIS 1, ``own`` = the query indices)
     or the columns (AXIS 0, the key indices) a program owns: saturated pairs summed into ``acc_l`` / ``acc_r``
-    (the two end cells), near pairs stored, one cell per (own index, distance): no cell is written twice."""
+    (the two end cells), near pairs stored, one cell per (own index, distance): no cell is written twice.
+    At distance i - j (``IJ``) hidden pairs store their zero ``ds`` too: each (own index, distance) names one
+    partner, so no visible pair shares their cell, and with `_zero_unvisited` the kernel writes every cell of
+    its rows (the caller allocates the buffer without filling it). With explicit positions a hidden pair may
+    repeat a visible one's distance: only visible pairs are stored, into a buffer the caller zero-fills."""
     W = 2 * SAT + 1
     if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
         acc_r += tl.sum(ds, AXIS)
@@ -273,13 +281,60 @@ def _table_grad(
         right = delta >= SAT
         acc_l += tl.sum(tl.where(left, ds, 0.0), AXIS)
         acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
-        near = allowed & (~left) & (~right)
+        near = (~left) & (~right)
+        if not IJ:
+            near = near & allowed
+        elif AXIS == 1:
+            near = near & own_in[:, None]
+        else:
+            near = near & own_in[None, :]
         if AXIS == 1:
             cells = own[:, None] * W + delta + SAT
         else:
             cells = own[None, :] * W + delta + SAT
         tl.store(DIST + cells, ds.to(DIST.dtype.element_ty), mask=near)
     return acc_l, acc_r
+
+
+@triton.jit
+def _zero_cells(
+    DIST, own, own_in, lo, end, first, last, SAT,
+    PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Zeros into the cells [first, last] of the owned rows whose partner (the index at the other end of the
+    pair: ``own - delta`` for a query row, ``own + delta`` for a key column; sign ``PARTNER``) lies outside
+    [lo, end), in chunks of BLOCK cells."""
+    W = 2 * SAT + 1
+    zero = tl.zeros((OWN, BLOCK), dtype=DIST.dtype.element_ty)
+    for c0 in range(first, last + 1, BLOCK):
+        cells = c0 + tl.arange(0, BLOCK)
+        partner = own[:, None] + PARTNER * (cells - SAT)[None, :]
+        outside = (partner < lo) | (partner >= end)
+        mask = own_in[:, None] & ((cells <= last) & (cells < 2 * SAT))[None, :] & outside
+        tl.store(DIST + (own[:, None] * W + cells[None, :]), zero, mask=mask)
+
+
+@triton.jit
+def _zero_unvisited(
+    DIST, own, own_in, start, lo, end, SAT,
+    PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """At distance i - j: zeros into the near cells (own index, distance) of the program's OWN rows starting at
+    ``start`` whose partner lies outside [lo, end), the whole blocks the program's loop visits (nothing else
+    writes them: see `_table_grad`). Such cells form two runs per row, at the low and the high distances; only
+    chunks that reach them are visited (at N well above the saturation, a few blocks near the sequence ends)."""
+    # partner = own + PARTNER · (cell - SAT): the partner leaves [lo, end) on one side at high cells, on the
+    # other at low ones; the bounds below hold for every own index in [start, start + OWN)
+    if PARTNER < 0:  # query rows: the partner (key) is below lo at high cells, at or above end at low ones
+        low_last = (start + OWN - 1) - end + SAT
+        high_first = start - lo + SAT + 1
+    else:  # key columns: the partner (query) is below lo at low cells, at or above end at high ones
+        low_last = lo - start + SAT - 1
+        high_first = end - (start + OWN - 1) + SAT
+    low_last = tl.minimum(low_last, 2 * SAT - 1)
+    high_first = tl.maximum(tl.maximum(high_first, low_last + 1), 1)
+    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, PARTNER, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, PARTNER, OWN, BLOCK)
 
 
 @triton.jit
@@ -528,6 +583,11 @@ def _dq_kernel(
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
     hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
     lo = (lo // BLOCK_N) * BLOCK_N
+    if HAS_ROW and IJ:
+        # before the loop (its cells are disjoint from the loop's): after it, lo and end would stay live through
+        # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
+        end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N, lo)
+        _zero_unvisited(DQ_DIST, offs_m, m_in, pid_m * BLOCK_M, lo, end, SAT, -1, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -553,7 +613,7 @@ def _dq_kernel(
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
             far_l, far_r = _table_grad(
-                DQ_DIST, offs_m, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1
+                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1, IJ
             )
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
@@ -653,6 +713,9 @@ def _dkv_kernel(
     lo = tl.min(tl.load(Q_LO + offs_n, mask=n_in, other=_BIG), 0)
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
+    if HAS_COL and IJ:  # before the loop, as in the dQ kernel
+        end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK_M) * BLOCK_M, lo)
+        _zero_unvisited(DK_DIST, offs_n, n_in, pid_n * BLOCK_N, lo, end, SAT, 1, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
@@ -685,7 +748,7 @@ def _dkv_kernel(
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
             far_l, far_r = _table_grad(
-                DK_DIST, offs_n, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0
+                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0, IJ
             )
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
