@@ -66,6 +66,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
@@ -281,17 +282,7 @@ def _with_backend_settings(run: Callable, **settings) -> Callable:
     ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles)."""
     from debertakit.attention import triton_backend
 
-    def patched():
-        saved = {name: getattr(triton_backend, name) for name in settings}
-        for name, value in settings.items():
-            setattr(triton_backend, name, value)
-        try:
-            return run()
-        finally:
-            for name, value in saved.items():
-                setattr(triton_backend, name, value)
-
-    return patched
+    return mock.patch.multiple(triton_backend, **settings)(run)
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout

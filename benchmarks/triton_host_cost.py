@@ -35,6 +35,7 @@ import math
 import platform
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -97,19 +98,6 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-@contextlib.contextmanager
-def _patched(module, **values):
-    """Attributes of ``module`` set to ``values`` inside the block, restored after it."""
-    saved = {name: getattr(module, name) for name in values}
-    for name, value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
 _AUTOCAST = torch.autocast
 
 
@@ -143,8 +131,8 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
         calls["backward"] = rec
         return out, lse
 
-    with _patched(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, NEAR_BAND=near_band):
-        with _patched(torch, autocast=_autocast_off_on_meta):
+    with mock.patch.multiple(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, NEAR_BAND=near_band):
+        with mock.patch.multiple(torch, autocast=_autocast_off_on_meta):
             triton_backend.triton_attention(
                 q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
             )
