@@ -432,7 +432,8 @@ def _distance_buffer(heads: int, rows: int, width: int, dtype: torch.dtype, dev,
     """A distance-space gradient buffer (H, B·N, W). At distance i - j the backward kernels write every cell,
     zeros included (`triton_kernels._table_grad`, `_zero_unvisited`): it is allocated without a fill, which
     would write the whole buffer once more (at v3-base sizes a fifth to a quarter of the backward's traffic
-    outside the kernels: `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled."""
+    outside the kernels: `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs
+    only: zero-filled."""
     if not ij:
         return torch.zeros((heads, rows, width), dtype=dtype, device=dev)
     buffer = torch.empty((heads, rows, width), dtype=dtype, device=dev)

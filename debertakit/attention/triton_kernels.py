@@ -281,17 +281,16 @@ def _table_grad(
         right = delta >= SAT
         acc_l += tl.sum(tl.where(left, ds, 0.0), AXIS)
         acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
-        near = (~left) & (~right)
-        if not IJ:
-            near = near & allowed
-        elif AXIS == 1:
-            near = near & own_in[:, None]
-        else:
-            near = near & own_in[None, :]
         if AXIS == 1:
             cells = own[:, None] * W + delta + SAT
+            owned = own_in[:, None]
         else:
             cells = own[None, :] * W + delta + SAT
+            owned = own_in[None, :]
+        if IJ:  # every near cell of the owned rows
+            near = owned & (~left) & (~right)
+        else:  # visible pairs only
+            near = allowed & (~left) & (~right)
         tl.store(DIST + cells, ds.to(DIST.dtype.element_ty), mask=near)
     return acc_l, acc_r
 
@@ -301,28 +300,32 @@ def _zero_cells(
     DIST, own, own_in, lo, end, first, last, SAT,
     PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Zeros into the cells [first, last] of the owned rows whose partner (the index at the other end of the
-    pair: ``own - delta`` for a query row, ``own + delta`` for a key column; sign ``PARTNER``) lies outside
-    [lo, end), in chunks of BLOCK cells."""
+    """Zeros into the cells [first, last] (``last`` < 2·SAT: near cells only) of the owned rows whose partner
+    (the index at the other end of the pair: ``own - delta`` for a query row, ``own + delta`` for a key column;
+    sign ``PARTNER``) lies outside [lo, end), in chunks of BLOCK cells."""
     W = 2 * SAT + 1
     zero = tl.zeros((OWN, BLOCK), dtype=DIST.dtype.element_ty)
     for c0 in range(first, last + 1, BLOCK):
         cells = c0 + tl.arange(0, BLOCK)
         partner = own[:, None] + PARTNER * (cells - SAT)[None, :]
         outside = (partner < lo) | (partner >= end)
-        mask = own_in[:, None] & ((cells <= last) & (cells < 2 * SAT))[None, :] & outside
+        mask = own_in[:, None] & (cells <= last)[None, :] & outside
         tl.store(DIST + (own[:, None] * W + cells[None, :]), zero, mask=mask)
 
 
 @triton.jit
 def _zero_unvisited(
-    DIST, own, own_in, start, lo, end, SAT,
+    DIST, start, N, lo, hi, SAT,
     PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """At distance i - j: zeros into the near cells (own index, distance) of the program's OWN rows starting at
-    ``start`` whose partner lies outside [lo, end), the whole blocks the program's loop visits (nothing else
-    writes them: see `_table_grad`). Such cells form two runs per row, at the low and the high distances; only
-    chunks that reach them are visited (at N well above the saturation, a few blocks near the sequence ends)."""
+    ``start`` (of N) whose partner lies outside the blocks of BLOCK the program's loop visits, from ``lo`` to
+    past ``hi`` (nothing else writes them: see `_table_grad`). Such cells form two runs per row, at the low and
+    the high distances; only chunks that reach them are visited (at N well above the saturation, a few blocks
+    near the sequence ends)."""
+    own = start + tl.arange(0, OWN)
+    own_in = own < N
+    end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK) * BLOCK, lo)  # where the loop's last block ends
     # partner = own + PARTNER · (cell - SAT): the partner leaves [lo, end) on one side at high cells, on the
     # other at low ones; the bounds below hold for every own index in [start, start + OWN)
     if PARTNER < 0:  # query rows: the partner (key) is below lo at high cells, at or above end at low ones
@@ -584,10 +587,9 @@ def _dq_kernel(
     hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
     lo = (lo // BLOCK_N) * BLOCK_N
     if HAS_ROW and IJ:
-        # before the loop (its cells are disjoint from the loop's): after it, lo and end would stay live through
+        # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
-        end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N, lo)
-        _zero_unvisited(DQ_DIST, offs_m, m_in, pid_m * BLOCK_M, lo, end, SAT, -1, BLOCK_M, BLOCK_N)
+        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, -1, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -714,8 +716,7 @@ def _dkv_kernel(
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_COL and IJ:  # before the loop, as in the dQ kernel
-        end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK_M) * BLOCK_M, lo)
-        _zero_unvisited(DK_DIST, offs_n, n_in, pid_n * BLOCK_N, lo, end, SAT, 1, BLOCK_N, BLOCK_M)
+        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, 1, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)

@@ -197,7 +197,7 @@ def test_left_padded_keys_match_eager(monkeypatch, near_band):
     later): the distance cells whose partner lies there are never visited, and the kernels write their zeros
     outside the loop (`_zero_unvisited`; the tests start the buffers as NaN, so a missed cell shows)."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
-    c = Case(n=70, batch=2, rel=BUCKETS)
+    c = Case(n=70, batch=2)
     geom = Geometry()
     geom.key_mask = torch.arange(70, device=DEVICE)[None] >= torch.tensor([[40], [3]], device=DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
