@@ -687,6 +687,22 @@ def _geometry_inputs(
     return (q_pos, k_pos, q_seg, k_seg, k_mask, *_key_ranges(geom, B, NQ, NK, device))
 
 
+def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple[int, int, Tensor]:
+    """(lo, hi, lut): the rows [lo, hi) of a ``rows``-row position table that distances -sat … sat index, and
+    their int32 lookup table (2·sat + 1,), relative to ``lo``. The kernels are given only those rows: the
+    tables road's products ROW and COL are as wide as the table (at N = 128 a v3 table's 512 rows hold 257
+    used ones; a v1 table's 1024, 257). The model already projects only this window (`RelativeIndex.window`);
+    direct callers may pass the whole table. The index is monotone: one range. Under ``torch.compile`` every
+    row (the distance may be symbolic there, as in `Encoder.relative_table`)."""
+    lo, hi = 0, rows
+    if not torch.compiler.is_compiling():
+        lo, hi = (x - rel.offset for x in rel.window(sat))
+        lo, hi = min(max(lo, 0), rows - 1), min(max(hi, 1), rows)
+    mid = rel.saturation
+    lut = rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1) - lo
+    return lo, hi, lut.to(torch.int32)
+
+
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -747,11 +763,11 @@ def triton_attention(
         if not explicit or geom.cu_seqlens is not None:
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
-        mid = rel.saturation
-        lut = geom.cached(
-            ("triton-lut", rel, sat, rows, device),
-            lambda: rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1).to(torch.int32),
+        lo, hi, lut = geom.cached(
+            ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
         )
+        if hi - lo < rows:
+            pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1

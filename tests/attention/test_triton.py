@@ -206,6 +206,33 @@ def test_left_padded_keys_match_eager(monkeypatch, near_band):
     _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
 
 
+def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
+    """A whole table for a short input: the op is given the rows that distances up to N index (the tables
+    road's ROW and COL are as wide as the table), and gives what the model's pre-cut window gives."""
+    c = Case(n=20, rel=WIDE)  # distances -20 … 20 index 41 of the 128 rows
+    seen = []
+    real = triton_backend._fwd_op
+
+    def op(q, k, v, pos_q, pos_k, lut, *rest):
+        seen.append((pos_q.shape[1], pos_k.shape[1], int(lut.min()), int(lut.max())))
+        return real(q, k, v, pos_q, pos_k, lut, *rest)
+
+    monkeypatch.setattr(triton_backend, "_fwd_op", op)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, grads = _run(triton_attention, c, inputs, Geometry())
+    assert seen == [(41, 41, 0, 40)]
+    lo, hi = c.rel.window(c.n)
+    assert (lo, hi) == (44, 85)
+    window = [t.detach()[:, lo:hi].requires_grad_() for t in inputs[3:]]
+    cut = _run(
+        triton_attention, dataclasses.replace(c, rel=c.rel.shifted(lo)), [*inputs[:3], *window], Geometry()
+    )
+    assert seen[1] == (41, 41, 0, 40) and torch.equal(out, cut[0])
+    for full, part in zip(grads[3:], cut[1][3:]):
+        assert full[:, :lo].abs().max() == 0 and full[:, hi:].abs().max() == 0
+        assert torch.equal(full[:, lo:hi], part)
+
+
 def test_saturated_pairs_reach_the_end_rows_of_the_table():
     """Far pairs only touch the two saturated rows: their gradient must be there, and match eager."""
     c = GRID["n70_saturating"]
@@ -1230,11 +1257,11 @@ def test_backward_writes_no_float32_gradient_of_table_size(monkeypatch):
     real = bench.Recorder
     bench.Recorder = Sizes
     try:
-        row = bench.measure(256, 512, 2, 64, "tables")
+        row = bench.measure(512, 1024, 2, 64, "tables")
     finally:
         bench.Recorder = real
     assert row["backward"]["fp32_flops"] == 0
-    table = 2 * 2 * 256 * 512  # B · H · N · R
+    table = 2 * 2 * 512 * 512  # B · H · N · R (N = 512 uses every row of the v3 table)
     big = [(name, dtype) for name, dtype, n in seen if n >= table]
     f32 = [name for name, dtype in big if dtype == torch.float32]
     # forward: ROW and COL; backward: ROW and COL again. bfloat16: the two distance buffers (allocated)
