@@ -692,14 +692,15 @@ def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple
     their int32 lookup table (2·sat + 1,), relative to ``lo``. The kernels are given only those rows: the
     tables road's products ROW and COL are as wide as the table (at N = 128 a v3 table's 512 rows hold 257
     used ones; a v1 table's 1024, 257). The model already projects only this window (`RelativeIndex.window`);
-    direct callers may pass the whole table. The index is monotone: one range. Under ``torch.compile`` every
-    row (the distance may be symbolic there, as in `Encoder.relative_table`)."""
+    direct callers may pass the whole table. The index is monotone: the range is that of the table's two end
+    entries, read on the host. Under ``torch.compile`` every row (the distance may be symbolic there, as in
+    `Encoder.relative_table`)."""
+    span = slice(rel.saturation - sat, rel.saturation + sat + 1)
     lo, hi = 0, rows
     if not torch.compiler.is_compiling():
-        lo, hi = (x - rel.offset for x in rel.window(sat))
-        lo, hi = min(max(lo, 0), rows - 1), min(max(hi, 1), rows)
-    mid = rel.saturation
-    lut = rel.lut_on(device)[mid - sat : mid + sat + 1].clamp(0, rows - 1) - lo
+        first, last = rel.lut[span][[0, -1]].clamp(0, rows - 1).tolist()
+        lo, hi = first, last + 1
+    lut = rel.lut_on(device)[span].clamp(0, rows - 1) - lo
     return lo, hi, lut.to(torch.int32)
 
 
