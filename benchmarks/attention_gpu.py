@@ -51,6 +51,16 @@ A whole run may take longer than one session on a shared GPU: run the sections (
 benchmarks/results/attention_gpu.json`` (same device and versions required, no measurement twice; verdicts
 recomputed over all rows).
 
+Work is measured in units (one length of a section, one model of ``model`` / ``packed``, one tile shape at one
+length of ``tiles``), and the results file is rewritten (atomically) after every unit, marked ``"complete":
+false`` with the units still ``"pending"`` until the last one: a run that is stopped or killed keeps what it
+measured. ``--budget-s S`` starts no unit after S seconds (the rest are left pending; exit status 3), and
+``--resume FILE`` continues such a run: the units FILE holds are not measured again, its rows are kept (same
+device and versions required)::
+
+    python benchmarks/attention_gpu.py --sections attention --budget-s 500 --out a.json    # exit 3: units left
+    python benchmarks/attention_gpu.py --sections attention --resume a.json --out a.json   # the rest
+
 Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 except in the
 ``dropout`` section and the model's ``train_step dropout`` rows.
 """
@@ -59,12 +69,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -94,6 +105,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
         "--smoke", action="store_true", help="CPU + Triton interpreter, tiny shapes, plumbing only"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no unit of work after this many seconds; what is left stays pending in --out (exit 3)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RESULTS",
+        help="a results file of an unfinished run on this machine: its units are kept, not measured again",
     )
     p.add_argument(
         "--combine",
@@ -146,11 +169,12 @@ def attention_flops(batch: int, heads: int, n: int, d: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------- 1. attention
-def attention_section(args, device: str, dtype) -> list[dict]:
-    rows = []
+Unit = tuple[str, Callable[[], list[dict]]]  # (what it measures, e.g. "attention N=512"; its measurement)
+
+
+def attention_section(args, device: str, dtype) -> Iterator[Unit]:
     for n in args.lengths:
-        rows += _attention_rows(args, n, device, dtype)
-    return rows
+        yield f"attention N={n}", functools.partial(_attention_rows, args, n, device, dtype)
 
 
 def _attention_rows(
@@ -286,36 +310,48 @@ def _with_backend_settings(run: Callable, **settings) -> Callable:
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout
-def dropout_section(args, device: str, dtype) -> list[dict]:
+def dropout_section(args, device: str, dtype) -> Iterator[Unit]:
     """The attention rows with dropout on the probabilities (training): backends that have it, and sdpa."""
-    rows = []
+
+    def measure(n: int) -> list[dict]:
+        rows = _attention_rows(args, n, device, dtype, dropout_p=args.dropout)
+        return [{**r, "section": "dropout", "impl": f"{r['impl']} +dropout {args.dropout}"} for r in rows]
+
     for n in args.lengths:
-        for row in _attention_rows(args, n, device, dtype, dropout_p=args.dropout):
-            rows.append({**row, "section": "dropout", "impl": f"{row['impl']} +dropout {args.dropout}"})
-    return rows
+        yield f"dropout {args.dropout} N={n}", functools.partial(measure, n)
 
 
 # ------------------------------------------------------------------------------------------ 1c. long inputs
-def long_section(args, device: str, dtype) -> list[dict]:
-    """Batch 1 at growing N (16384 … 65536): the `triton` backend must run, with peak memory linear in N."""
-    rows = []
-    for n in args.long_lengths:
+def long_section(args, device: str, dtype) -> Iterator[Unit]:
+    """Batch 1 at growing N (16384 … 65536): the `triton` backend must run, with peak memory linear in N
+    (`long_memory` relates the lengths once their rows are in)."""
+
+    def measure(n: int) -> list[dict]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
             only = (*TRITON_ROWS, "sdpa (no position terms)")
-            for row in _attention_rows(args, n, device, dtype, only=only):
-                row["section"] = "long"
-                rows.append(row)
+            return [{**r, "section": "long"} for r in _attention_rows(args, n, device, dtype, only=only)]
         finally:
             args.tokens = saved
+
+    for n in args.long_lengths:
+        yield f"long N={n}", functools.partial(measure, n)
+
+
+def long_memory(rows: list[dict]) -> None:
+    """Sets each `long` row's peak memory per token relative to that of the same row at the shortest length
+    measured (about 1 when memory is linear in N), over all rows: those of a resumed run or of combined files
+    too."""
     for impl in TRITON_ROWS:
-        base = [r for r in rows if r["impl"] == impl and r.get("fwd_bwd_peak_gib")]
-        for r in base[1:]:  # peak memory per token relative to the shortest length: ~1 when linear
+        base = sorted(
+            (r for r in rows if r["section"] == "long" and r["impl"] == impl and r.get("fwd_bwd_peak_gib")),
+            key=lambda r: r["n"],
+        )
+        for r in base[1:]:
             r["peak_per_token_vs_shortest"] = round(
                 (r["fwd_bwd_peak_gib"] / r["n"]) / (base[0]["fwd_bwd_peak_gib"] / base[0]["n"]), 3
             )
-    return rows
 
 
 # ------------------------------------------------------------------------------------------- 1d. tile sweep
@@ -333,21 +369,22 @@ def parse_tiles(spec: str):
     return Tiles(*(int(x) for x in m.groups()))
 
 
-def tiles_section(args, device: str, dtype) -> list[dict]:
+def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
     """The `triton` attention rows once per tile shape (the same shape for the three kernels)."""
     from debertakit.attention import triton_backend
 
-    rows = []
-    for spec in args.tiles:
-        tiles = parse_tiles(spec)
+    def measure(tiles, n: int) -> list[dict]:
         triton_backend.TILE_OVERRIDES.update(dict.fromkeys(triton_backend.KERNEL_NAMES, tiles))
         try:
-            for n in args.lengths:
-                for row in _attention_rows(args, n, device, dtype, only=("triton",)):
-                    rows.append({**row, "section": "tiles", "impl": f"triton {tiles}"})
+            rows = _attention_rows(args, n, device, dtype, only=("triton",))
         finally:
             triton_backend.TILE_OVERRIDES.clear()
-    return rows
+        return [{**r, "section": "tiles", "impl": f"triton {tiles}"} for r in rows]
+
+    for spec in args.tiles:
+        tiles = parse_tiles(spec)
+        for n in args.lengths:
+            yield f"tiles {spec} N={n}", functools.partial(measure, tiles, n)
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -478,12 +515,17 @@ def _v3_config(args, backend: str, dropout: float = 0.0):
     )
 
 
-def _models(args, device: str, dropout: float = 0.0):
-    """(name, module, is_hf) for our model with each usable backend, and Hugging Face's."""
+def _models(args, device: str, dropout: float = 0.0) -> list[tuple[str, Callable, bool]]:
+    """(name, model factory, is_hf) for our model with each usable backend, and Hugging Face's: a unit builds
+    its model when it runs (one model on the device at a time)."""
     import torch
 
     from debertakit.attention import Request, available_backends, get_backend
     from debertakit.model.backbone import DebertaModel
+
+    def ours(name: str):
+        torch.manual_seed(0)
+        return DebertaModel(_v3_config(args, name, dropout)).to(device)
 
     out = []
     probe = Request(
@@ -494,15 +536,14 @@ def _models(args, device: str, dropout: float = 0.0):
             get_backend(name, probe)
         except ValueError:
             continue
-        torch.manual_seed(0)
-        out.append((f"ours/{name}", DebertaModel(_v3_config(args, name, dropout)).to(device), False))
+        out.append((f"ours/{name}", functools.partial(ours, name), False))
     try:
         from transformers import DebertaV2Config, DebertaV2Model
 
         from debertakit.convert.hf_config import to_hf_config
 
         hf_cfg = DebertaV2Config(**to_hf_config(_v3_config(args, "eager", dropout)))
-        out.append(("hf eager", DebertaV2Model(hf_cfg).to(device), True))
+        out.append(("hf eager", lambda: DebertaV2Model(hf_cfg).to(device), True))
     except Exception as e:  # transformers absent or incompatible: ours only
         print(f"(no Hugging Face model: {type(e).__name__}: {e})")
     return out
@@ -529,42 +570,43 @@ def _step_fns(model, device, dtype, kwargs):
     return forward, train_step
 
 
-def model_section(args, device: str, dtype) -> list[dict]:
+def model_section(args, device: str, dtype) -> Iterator[Unit]:
     import torch
 
     n = args.model_length
     batch = max(1, args.tokens // n)
-    rows = []
 
     def steps(model, b: int, length: int):
         ids = torch.randint(5, 1000 if not args.smoke else 100, (b, length), device=device)
         return _step_fns(model, device, dtype, dict(input_ids=ids, attention_mask=torch.ones_like(ids)))
 
+    def measure(name: str, build: Callable, dropout: float) -> list[dict]:
+        model = build()
+        forward, train_step = steps(model, batch, n)
+        if dropout == 0:
+            modes = [("forward", forward, batch, n), ("train_step", train_step, batch, n)]
+            modes.append(("forward batch 1", steps(model, 1, args.latency_length)[0], 1, args.latency_length))
+        else:  # released models train with dropout 0.1 on hidden states and probabilities
+            modes = [("train_step dropout", train_step, batch, n)]
+        rows = []
+        for mode, fn, b, length in modes:
+            r = bench(fn, device)
+            row = {
+                "section": "model",
+                "impl": name,
+                "mode": mode,
+                "n": length,
+                "batch": b,
+                "dropout": dropout,
+            }
+            row.update(_tokens(r, b * length))
+            rows.append(row)
+            print(_fmt(row), flush=True)
+        return rows
+
     for dropout in (0.0, args.dropout):
-        for name, model, _ in _models(args, device, dropout):
-            forward, train_step = steps(model, batch, n)
-            if dropout == 0:
-                modes = [("forward", forward, batch, n), ("train_step", train_step, batch, n)]
-                modes.append(
-                    ("forward batch 1", steps(model, 1, args.latency_length)[0], 1, args.latency_length)
-                )
-            else:  # released models train with dropout 0.1 on hidden states and probabilities
-                modes = [("train_step dropout", train_step, batch, n)]
-            for mode, fn, b, length in modes:
-                r = bench(fn, device)
-                row = {
-                    "section": "model",
-                    "impl": name,
-                    "mode": mode,
-                    "n": length,
-                    "batch": b,
-                    "dropout": dropout,
-                }
-                row.update(_tokens(r, b * length))
-                rows.append(row)
-                print(_fmt(row), flush=True)
-            del model
-    return rows
+        for name, build, _ in _models(args, device, dropout):
+            yield f"model {name} dropout {dropout}", functools.partial(measure, name, build, dropout)
 
 
 def _tokens(r: dict, tokens: int) -> dict:
@@ -577,7 +619,7 @@ def _tokens(r: dict, tokens: int) -> dict:
     }
 
 
-def packed_section(args, device: str, dtype) -> list[dict]:
+def packed_section(args, device: str, dtype) -> Iterator[Unit]:
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -596,11 +638,13 @@ def packed_section(args, device: str, dtype) -> list[dict]:
     for i, (s, n) in enumerate(zip(cu[:-1].tolist(), lengths)):
         padded_ids[i, :n] = packed_ids[0, s : s + n]
         padded_mask[i, :n] = 1
-    rows = []
-    for name, model, is_hf in _models(args, device):
+
+    def measure(name: str, build: Callable, is_hf: bool) -> list[dict]:
+        model = build()
         layouts = [("padded", dict(input_ids=padded_ids, attention_mask=padded_mask))]
         if not is_hf:
             layouts.insert(0, ("packed", dict(input_ids=packed_ids, cu_seqlens=cu)))
+        rows = []
         for layout, kwargs in layouts:
             forward, train_step = _step_fns(model, device, dtype, kwargs)
             for mode, fn in (("forward", forward), ("train_step", train_step)):
@@ -610,8 +654,10 @@ def packed_section(args, device: str, dtype) -> list[dict]:
                 row.update(_tokens(r, total))
                 rows.append(row)
                 print(_fmt(row), flush=True)
-        del model
-    return rows
+        return rows
+
+    for name, build, is_hf in _models(args, device):
+        yield f"packed {name}", functools.partial(measure, name, build, is_hf)
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -663,19 +709,40 @@ def print_table(rows: list[dict]) -> None:
 
 
 ROW_KEY = ("section", "impl", "n", "mode", "layout")  # what one measurement is; no two parts may both have it
+SAME_MACHINE = ("device", "torch", "triton", "cuda", "python", "transformers", "flashdeberta")
+
+
+def _check_same_machine(first: dict, first_name: str, part: dict, name: str) -> None:
+    """Results measured on another device, with other versions or in the other mode (smoke) do not join."""
+    env0, env = first["environment"], part["environment"]
+    differs = {k: (env0.get(k), env.get(k)) for k in SAME_MACHINE if env0.get(k) != env.get(k)}
+    if differs or part["smoke"] != first["smoke"]:
+        raise SystemExit(f"{name} was measured elsewhere than {first_name}: {differs or 'smoke flag'}")
+
+
+def result_of(env: dict, smoke: bool, rows: list[dict], units: list[str], pending: list[str]) -> dict:
+    """The results file: rows, the units measured and those still pending, verdicts over all rows."""
+    long_memory(rows)
+    return {
+        "environment": env,
+        "smoke": smoke,
+        "complete": not pending,
+        "units": units,
+        "pending": pending,
+        "flop_convention": FLOPS_NOTE,
+        "targets": TARGETS,
+        "verdicts": verdicts(rows),
+        "rows": rows,
+    }
 
 
 def combine(paths: list[Path]) -> dict:
     """One result from several runs (a whole run may not fit one session; a section may be split by length):
     the same device, versions and smoke flag, no measurement twice; rows in the order given, verdicts over all
-    of them."""
+    of them; still pending: what a part left pending and no part measured."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    same = ("device", "torch", "triton", "cuda", "python", "transformers", "flashdeberta")
     for path, part in zip(paths[1:], parts[1:]):
-        env0, env = parts[0]["environment"], part["environment"]
-        differs = {k: (env0.get(k), env.get(k)) for k in same if env0.get(k) != env.get(k)}
-        if differs or part["smoke"] != parts[0]["smoke"]:
-            raise SystemExit(f"{path} was measured elsewhere than {paths[0]}: {differs or 'smoke flag'}")
+        _check_same_machine(parts[0], str(paths[0]), part, str(path))
     seen: dict[tuple, Path] = {}
     for path, part in zip(paths, parts):
         for key in dict.fromkeys(tuple(r.get(k) for k in ROW_KEY) for r in part["rows"]):
@@ -683,24 +750,89 @@ def combine(paths: list[Path]) -> dict:
                 raise SystemExit(f"measurement {dict(zip(ROW_KEY, key))} is in both {seen[key]} and {path}")
             seen[key] = path
     rows = [r for part in parts for r in part["rows"]]
+    units = [u for part in parts for u in part.get("units", [])]
+    pending = [u for part in parts for u in part.get("pending", []) if u not in units]
     env = {**parts[0]["environment"], "combined_from": [p["environment"]["date"] for p in parts]}
-    return {**parts[0], "environment": env, "verdicts": verdicts(rows), "rows": rows}
+    return result_of(env, parts[0]["smoke"], rows, units, list(dict.fromkeys(pending)))
 
 
-def write_result(result: dict, out: Path) -> None:
+def save(result: dict, out: Path) -> None:
+    """Written under a temporary name and renamed: a run killed while writing leaves the previous file."""
     from debertakit.convert.checkpoint import atomic_write_text
 
+    atomic_write_text(out, json.dumps(result, indent=1, default=str, allow_nan=False) + "\n")
+
+
+def report(result: dict, out: Path) -> None:
     print_table(result["rows"])
     print("\n" + TARGETS + ("\n  " + "\n  ".join(result["verdicts"]) if result["verdicts"] else ""))
-    atomic_write_text(out, json.dumps(result, indent=1, default=str, allow_nan=False) + "\n")
+    if result["pending"]:
+        print(f"\nINCOMPLETE: {len(result['pending'])} unit(s) not measured: " + "; ".join(result["pending"]))
     print(f"\nwrote {out}")
+
+
+SECTIONS = {
+    "attention": attention_section,
+    "dropout": dropout_section,
+    "long": long_section,
+    "tiles": tiles_section,
+    "model": model_section,
+    "packed": packed_section,
+}
+
+
+def _prior(args, env: dict) -> dict:
+    """What the run continues (``--resume``): its rows and units; nothing without it."""
+    if args.resume is None:
+        return {"rows": [], "units": []}
+    prior = json.loads(args.resume.read_text())
+    _check_same_machine({"environment": env, "smoke": args.smoke}, "this run", prior, str(args.resume))
+    return prior
+
+
+def run_units(args, device: str, dtype) -> int:
+    """Measures the sections' units in order, except those ``--resume`` holds; rewrites ``--out`` after each
+    (pending: the rest), stops starting units after ``--budget-s``. 0 when complete, 3 when units are left."""
+    for name in args.sections:
+        if name not in SECTIONS:
+            raise SystemExit(f"unknown section {name!r}; expected some of {sorted(SECTIONS)}")
+    env = environment(device)
+    prior = _prior(args, env)
+    if args.resume is not None:
+        env["resumed_from"] = prior["environment"]["date"]
+    rows, done = list(prior["rows"]), list(prior["units"])
+    plan = [unit for name in args.sections for unit in SECTIONS[name](args, device, dtype)]
+    todo = [(key, measure) for key, measure in plan if key not in done]
+    if len(todo) < len(plan):
+        print(f"{len(plan) - len(todo)} unit(s) already in {args.resume}: kept, not measured again")
+    start = time.monotonic()
+    save(result_of(env, args.smoke, rows, done, [key for key, _ in todo]), args.out)  # --out writable?
+    for i, (key, measure) in enumerate(todo):
+        if args.budget_s is not None and time.monotonic() - start >= args.budget_s:
+            break
+        print(f"== {key} ({i + 1}/{len(todo)})", flush=True)
+        rows += measure()
+        done.append(key)
+        save(result_of(env, args.smoke, rows, done, [k for k, _ in todo[i + 1 :]]), args.out)
+    result = result_of(env, args.smoke, rows, done, [key for key, _ in todo if key not in done])
+    save(result, args.out)
+    report(result, args.out)
+    if result["pending"]:
+        print(
+            f"stopped at the time budget ({args.budget_s} s): continue with --resume {args.out}",
+            file=sys.stderr,
+        )
+        return 3
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.combine:
-        write_result(combine(args.combine), args.out)
+        result = combine(args.combine)
+        save(result, args.out)
+        report(result, args.out)
         return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -720,30 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     else:
         device = "cuda"
-    dtype = torch.bfloat16
-    rows: list[dict] = []
-    sections = {
-        "attention": attention_section,
-        "dropout": dropout_section,
-        "long": long_section,
-        "tiles": tiles_section,
-        "model": model_section,
-        "packed": packed_section,
-    }
-    for name in args.sections:
-        if name not in sections:
-            raise SystemExit(f"unknown section {name!r}; expected some of {sorted(sections)}")
-        rows += sections[name](args, device, dtype)
-    result = {
-        "environment": environment(device),
-        "smoke": args.smoke,
-        "flop_convention": FLOPS_NOTE,
-        "targets": TARGETS,
-        "verdicts": verdicts(rows),
-        "rows": rows,
-    }
-    write_result(result, args.out)
-    return 0
+    return run_units(args, device, torch.bfloat16)
 
 
 FLOPS_NOTE = (

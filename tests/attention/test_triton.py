@@ -1176,6 +1176,112 @@ def test_gpu_benchmark_combines_sections_measured_apart(tmp_path, capsys):
         bench.main(["--combine", str(a), str(elsewhere), "--out", str(out)])
 
 
+def _unit_rows(calls: list, clock: list | None = None, stop_at: int | None = None):
+    """A stand-in for `_attention_rows`: one row per length, recorded in ``calls``; each advances ``clock``
+    by 10 s; ``stop_at``: the length at which the run is interrupted."""
+
+    def rows(args, n, device, dtype, only=None, dropout_p=0.0):
+        if n == stop_at:
+            raise KeyboardInterrupt
+        calls.append(n)
+        if clock is not None:
+            clock[0] += 10.0
+        return [dict(section="attention", impl="triton", n=n, batch=1, fwd_ms=1.0, fwd_bwd_ms=2.0)]
+
+    return rows
+
+
+def test_gpu_benchmark_stops_at_its_budget_and_resumes(tmp_path, monkeypatch):
+    """``--budget-s`` starts no unit after the budget and leaves the rest pending (exit 3); ``--resume`` measures
+    only those, keeping the earlier rows."""
+    import json
+    import types
+
+    bench = _benchmark_module()
+    calls, clock = [], [0.0]
+    monkeypatch.setattr(bench, "_attention_rows", _unit_rows(calls, clock))
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    out = tmp_path / "a.json"
+    args = ["--smoke", "--sections", "attention", "--lengths", "16", "33", "--out", str(out)]
+    assert bench.main([*args, "--budget-s", "5"]) == 3  # N=16 starts at 0 s and ends at 10 s: N=33 waits
+    part = json.loads(out.read_text())
+    assert calls == [16] and [r["n"] for r in part["rows"]] == [16]
+    assert (part["complete"], part["units"], part["pending"]) == (
+        False,
+        ["attention N=16"],
+        ["attention N=33"],
+    )
+    assert bench.main([*args, "--resume", str(out)]) == 0
+    whole = json.loads(out.read_text())
+    assert calls == [16, 33] and [r["n"] for r in whole["rows"]] == [16, 33]
+    assert (whole["complete"], whole["units"], whole["pending"]) == (
+        True,
+        ["attention N=16", "attention N=33"],
+        [],
+    )
+    assert whole["environment"]["resumed_from"] == part["environment"]["date"]
+    assert bench.main([*args, "--budget-s", "0"]) == 3  # nothing starts, everything pending
+    assert json.loads(out.read_text())["pending"] == ["attention N=16", "attention N=33"] and calls == [
+        16,
+        33,
+    ]
+
+
+def test_gpu_benchmark_keeps_what_it_measured_when_interrupted(tmp_path, monkeypatch):
+    import json
+
+    bench = _benchmark_module()
+    calls = []
+    monkeypatch.setattr(bench, "_attention_rows", _unit_rows(calls, stop_at=33))
+    out = tmp_path / "a.json"
+    args = ["--smoke", "--sections", "attention", "--lengths", "16", "33", "64", "--out", str(out)]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(args)
+    part = json.loads(out.read_text())
+    assert [r["n"] for r in part["rows"]] == [16] and part["units"] == ["attention N=16"]
+    assert part["complete"] is False and part["pending"] == ["attention N=33", "attention N=64"]
+    part["environment"]["device"] = "NVIDIA H200"  # measured elsewhere: not continued here
+    out.write_text(json.dumps(part))
+    with pytest.raises(SystemExit, match="measured elsewhere than this run.*NVIDIA H200"):
+        bench.main([*args, "--resume", str(out)])
+
+
+def test_gpu_benchmark_relates_long_lengths_and_pending_units_across_files(tmp_path):
+    """Peak memory per token is relative to the shortest length in all rows (resumed or combined), and a unit
+    left pending by one part but measured by another is not pending in the whole."""
+    import json
+
+    bench = _benchmark_module()
+    env = dict(date="d", device="NVIDIA H100", torch="2.11", triton="3.6.0", cuda="13.0", python="3.12.3")
+
+    def long(n, peak):
+        return dict(section="long", impl="triton", n=n, batch=1, fwd_bwd_ms=1.0, fwd_bwd_peak_gib=peak)
+
+    def part(name, rows, units, pending):
+        path = tmp_path / f"{name}.json"
+        path.write_text(
+            json.dumps(dict(environment=env, smoke=False, rows=rows, units=units, pending=pending))
+        )
+        return path
+
+    a = part("a", [long(32768, 2.2)], ["long N=32768"], ["long N=16384"])
+    b = part("b", [long(16384, 1.0)], ["long N=16384"], [])
+    out = tmp_path / "all.json"
+    assert bench.main(["--combine", str(a), "--out", str(out)]) == 0
+    alone = json.loads(out.read_text())
+    assert (alone["complete"], alone["pending"]) == (False, ["long N=16384"])
+    assert "peak_per_token_vs_shortest" not in alone["rows"][0]
+    assert bench.main(["--combine", str(a), str(b), "--out", str(out)]) == 0
+    whole = json.loads(out.read_text())
+    assert (whole["complete"], whole["pending"]) == (True, [])
+    assert whole["rows"][0]["peak_per_token_vs_shortest"] == 1.1  # (2.2 / 32768) / (1.0 / 16384)
+    assert "peak_per_token_vs_shortest" not in whole["rows"][1]
+    assert (
+        "triton long N=32768 batch 1: runs; peak memory per token 1.1x that of the shortest length"
+        in (whole["verdicts"])
+    )
+
+
 @pytest.mark.slow
 def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     import json
