@@ -130,7 +130,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------------- timing
-CANNOT_RUN = (RuntimeError, ValueError, TypeError, ImportError)  # a competitor that cannot run the shape
+def cannot_run() -> tuple[type[Exception], ...]:
+    """What a row that cannot run the shape raises, recorded as its error instead of ending the run: besides
+    PyTorch's errors, Triton's (a competitor's kernel that does not compile with this Triton or for this GPU,
+    a swept tile that needs more shared memory than the GPU has)."""
+    errors: tuple[type[Exception], ...] = (RuntimeError, ValueError, TypeError, ImportError)
+    try:
+        from triton.errors import TritonError
+    except ImportError:
+        return errors
+    return (*errors, TritonError)
 
 
 def bench(fn: Callable[[], object], device: str) -> dict:
@@ -157,7 +166,7 @@ def bench(fn: Callable[[], object], device: str) -> dict:
         return {"ms": ms, "peak_gib": peak}
     except torch.OutOfMemoryError:
         return {"error": "OOM"}
-    except CANNOT_RUN as e:
+    except cannot_run() as e:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     finally:
         if device == "cuda":
@@ -280,7 +289,7 @@ def _forward(fwd: Callable):
     try:
         with torch.no_grad():
             return fwd()
-    except (torch.OutOfMemoryError, *CANNOT_RUN):
+    except (torch.OutOfMemoryError, *cannot_run()):
         return None
 
 

@@ -1132,6 +1132,27 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     assert [v.split()[0] for v in flagged] == (["flashdeberta"] if swap_tables else [])
 
 
+def test_gpu_benchmark_records_a_row_that_cannot_run_and_goes_on():
+    """A kernel that does not compile here or needs more shared memory than the GPU has is that row's error,
+    not the end of the run."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    bench = _benchmark_module()
+
+    def fails(error):
+        def run():
+            raise error
+
+        return run
+
+    too_big = OutOfResources(262144, 232448, "shared memory")
+    assert bench.bench(fails(too_big), "cpu")["error"].startswith("OutOfResources: out of resource: shared")
+    assert bench._max_diff(fails(CompilationError("", None, "unsupported")), torch.ones(2)) is None
+    with pytest.raises(KeyboardInterrupt):  # not a row's failure
+        bench.bench(fails(KeyboardInterrupt()), "cpu")
+
+
 def test_gpu_benchmark_output_check_names_what_it_cannot_compare():
     bench = _benchmark_module()
     ref = torch.ones(2, 3)
