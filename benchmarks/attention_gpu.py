@@ -31,8 +31,11 @@ Sections (all bfloat16 on one CUDA device):
    value) on the probabilities, for the backends that have it (``triton`` draws the mask inside its kernels)
    and ``scaled_dot_product_attention`` with the same dropout.
    ``tiles`` (not run by default): the ``triton`` row of ``attention`` again for each tile shape of ``--tiles``
-   (all three kernels; ``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), to tune `triton_backend.GPU_TILES` by
-   timing; candidates come from ``benchmarks/triton_static.py`` (those that compile without spills).
+   (``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), to tune `triton_backend.GPU_TILES` by timing; candidates
+   come from ``benchmarks/triton_static.py`` (those that compile without spills). The shape is given to the
+   kernels of ``--tile-kernels`` (all three by default; one kernel alone, the others keep their tiles, times
+   that kernel's choice: the forward's in the forward column, a backward kernel's in forward+backward) on the
+   near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`).
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -81,6 +84,10 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
+# `triton_backend.KERNEL_NAMES` and `NEAR_BAND_MODES` (a test checks), here so that parsing the arguments
+# imports neither torch nor Triton
+KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
+NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,6 +108,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=["64x32w8s2", "64x32w8s3", "128x32w8s2", "64x64w8s2", "32x64w8s2", "32x32w8s2", "64x32w4s2"],
         help="tile shapes of the `tiles` section, BLOCK_MxBLOCK_N w<warps> s<stages>",
+    )
+    p.add_argument(
+        "--tile-kernels",
+        nargs="+",
+        choices=KERNELS,
+        default=list(KERNELS),
+        help="the kernels the `tiles` section gives each shape (the others keep their tiles)",
+    )
+    p.add_argument(
+        "--near-band",
+        choices=NEAR_BAND_MODES,
+        default="tables",
+        help="the `tiles` section's near-band road (triton_backend.NEAR_BAND): tables, skew-forward or skew",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
@@ -379,21 +399,28 @@ def parse_tiles(spec: str):
 
 
 def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The `triton` attention rows once per tile shape (the same shape for the three kernels)."""
+    """The `triton` attention rows once per tile shape, given to the kernels of ``--tile-kernels`` on the road
+    of ``--near-band``."""
     from debertakit.attention import triton_backend
 
+    kernels = tuple(k for k in KERNELS if k in args.tile_kernels)
+    suffix = "" if args.near_band == "tables" else f" {args.near_band}"
+    if kernels != KERNELS:
+        suffix += f" ({', '.join(kernels)})"
+
     def measure(tiles, n: int) -> list[dict]:
-        triton_backend.TILE_OVERRIDES.update(dict.fromkeys(triton_backend.KERNEL_NAMES, tiles))
+        triton_backend.TILE_OVERRIDES.update(dict.fromkeys(kernels, tiles))
         try:
-            rows = _attention_rows(args, n, device, dtype, only=("triton",))
+            with mock.patch.object(triton_backend, "NEAR_BAND", args.near_band):
+                rows = _attention_rows(args, n, device, dtype, only=("triton",))
         finally:
             triton_backend.TILE_OVERRIDES.clear()
-        return [{**r, "section": "tiles", "impl": f"triton {tiles}"} for r in rows]
+        return [{**r, "section": "tiles", "impl": f"triton {tiles}{suffix}"} for r in rows]
 
     for spec in args.tiles:
         tiles = parse_tiles(spec)
         for n in args.lengths:
-            yield f"tiles {spec} N={n}", functools.partial(measure, tiles, n)
+            yield f"tiles {spec}{suffix} N={n}", functools.partial(measure, tiles, n)
 
 
 # ------------------------------------------------------------------------------------------------ targets

@@ -1055,6 +1055,40 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     assert not triton_backend.TILE_OVERRIDES  # restored
     with pytest.raises(SystemExit, match="bad tile spec"):
         bench.parse_tiles("64x32")
+    assert (bench.KERNELS, bench.NEAR_BAND_MODES) == (
+        triton_backend.KERNEL_NAMES,
+        triton_backend.NEAR_BAND_MODES,
+    )
+
+
+def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, monkeypatch):
+    """``--tile-kernels`` gives the swept shape to those kernels only; ``--near-band skew`` sweeps the skewed
+    kernels' tiles."""
+    import json
+
+    bench = _benchmark_module()
+    seen = []
+    real = triton_backend.tiles_for
+
+    def spy(device, head_dim, kernel, dropout=False, skew=False):
+        seen.append((kernel, skew, real(device, head_dim, kernel, dropout, skew)))
+        return seen[-1][-1]
+
+    monkeypatch.setattr(triton_backend, "tiles_for", spy)
+    out = tmp_path / "tiles.json"
+    args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x16w4s1"]
+    args += ["--tile-kernels", "_dq_kernel", "--near-band", "skew", "--out", str(out)]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    assert [r["impl"] for r in result["rows"]] == ["triton 32x16 w4 s1 skew (_dq_kernel)"]
+    assert result["units"] == ["tiles 32x16w4s1 skew (_dq_kernel) N=16"]
+    swept = {(kernel, skew, (t.block_m, t.block_n)) for kernel, skew, t in seen}
+    # the skewed road in both directions; the swept shape for the dQ kernel only (the default 16x16 off CUDA)
+    assert ("_dq_kernel", True, (32, 16)) in swept and ("_dkv_kernel", True, (16, 16)) in swept
+    assert ("_fwd_kernel", True, (16, 16)) in swept
+    assert not any(kernel != "_dq_kernel" and shape == (32, 16) for kernel, _, shape in swept)
+    assert not any(skew is False for _, skew, _ in swept)
+    assert triton_backend.NEAR_BAND == "tables" and not triton_backend.TILE_OVERRIDES  # restored
 
 
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
