@@ -821,7 +821,13 @@ def _prior(args, env: dict) -> dict:
     """What the run continues (``--resume``): its rows and units; nothing without it."""
     if args.resume is None:
         return {"rows": [], "units": []}
+    if not args.resume.is_file():
+        raise SystemExit(f"--resume {args.resume}: no such results file")
     prior = json.loads(args.resume.read_text())
+    if "units" not in prior:
+        raise SystemExit(
+            f"--resume {args.resume}: the file records no units of work (written before runs recorded them)"
+        )
     _check_same_machine({"environment": env, "smoke": args.smoke}, "this run", prior, str(args.resume))
     return prior
 

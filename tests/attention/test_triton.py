@@ -1299,6 +1299,12 @@ def test_gpu_benchmark_keeps_what_it_measured_when_interrupted(tmp_path, monkeyp
     out.write_text(json.dumps(part))
     with pytest.raises(SystemExit, match="measured elsewhere than this run.*NVIDIA H200"):
         bench.main([*args, "--resume", str(out)])
+    with pytest.raises(SystemExit, match="no such results file"):
+        bench.main([*args, "--resume", str(tmp_path / "missing.json")])
+    del part["units"]
+    out.write_text(json.dumps(part))
+    with pytest.raises(SystemExit, match="records no units"):
+        bench.main([*args, "--resume", str(out)])
 
 
 def test_gpu_benchmark_relates_long_lengths_and_pending_units_across_files(tmp_path):
