@@ -847,23 +847,29 @@ def run_units(args, device: str, dtype) -> int:
     todo = [(key, measure) for key, measure in plan if key not in done]
     if len(todo) < len(plan):
         print(f"{len(plan) - len(todo)} unit(s) already in {args.resume}: kept, not measured again")
-    start = time.monotonic()
-    save(result_of(env, args.smoke, rows, done, [key for key, _ in todo]), args.out)  # --out writable?
-    for i, (key, measure) in enumerate(todo):
-        if args.budget_s is not None and time.monotonic() - start >= args.budget_s:
+    # what the resumed run left pending outside this run's sections stays pending
+    planned = {key for key, _ in plan}
+    elsewhere = [key for key in prior.get("pending", []) if key not in planned and key not in done]
+
+    def pending(start: int) -> list[str]:
+        return [key for key, _ in todo[start:]] + elsewhere
+
+    began = time.monotonic()
+    save(result_of(env, args.smoke, rows, done, pending(0)), args.out)  # --out writable before any work
+    left = 0
+    for key, measure in todo:
+        if args.budget_s is not None and time.monotonic() - began >= args.budget_s:
+            print(f"time budget of {args.budget_s} s reached: starting no more units", file=sys.stderr)
             break
-        print(f"== {key} ({i + 1}/{len(todo)})", flush=True)
+        print(f"== {key} ({left + 1}/{len(todo)})", flush=True)
         rows += measure()
         done.append(key)
-        save(result_of(env, args.smoke, rows, done, [k for k, _ in todo[i + 1 :]]), args.out)
-    result = result_of(env, args.smoke, rows, done, [key for key, _ in todo if key not in done])
-    save(result, args.out)
+        left += 1
+        save(result_of(env, args.smoke, rows, done, pending(left)), args.out)
+    result = result_of(env, args.smoke, rows, done, pending(left))
     report(result, args.out)
     if result["pending"]:
-        print(
-            f"stopped at the time budget ({args.budget_s} s): continue with --resume {args.out}",
-            file=sys.stderr,
-        )
+        print(f"{len(result['pending'])} unit(s) pending: continue with --resume {args.out}", file=sys.stderr)
         return 3
     return 0
 

@@ -1266,6 +1266,10 @@ def test_gpu_benchmark_stops_at_its_budget_and_resumes(tmp_path, monkeypatch):
         ["attention N=16"],
         ["attention N=33"],
     )
+    narrower = tmp_path / "narrower.json"  # a continuation that leaves out what is pending leaves it pending
+    narrow = ["--smoke", "--sections", "attention", "--lengths", "16", "--out", str(narrower)]
+    assert bench.main([*narrow, "--resume", str(out)]) == 3
+    assert json.loads(narrower.read_text())["pending"] == ["attention N=33"] and calls == [16]
     assert bench.main([*args, "--resume", str(out)]) == 0
     whole = json.loads(out.read_text())
     assert calls == [16, 33] and [r["n"] for r in whole["rows"]] == [16, 33]
@@ -1276,10 +1280,8 @@ def test_gpu_benchmark_stops_at_its_budget_and_resumes(tmp_path, monkeypatch):
     )
     assert whole["environment"]["resumed_from"] == part["environment"]["date"]
     assert bench.main([*args, "--budget-s", "0"]) == 3  # nothing starts, everything pending
-    assert json.loads(out.read_text())["pending"] == ["attention N=16", "attention N=33"] and calls == [
-        16,
-        33,
-    ]
+    assert json.loads(out.read_text())["pending"] == ["attention N=16", "attention N=33"]
+    assert calls == [16, 33]
 
 
 def test_gpu_benchmark_keeps_what_it_measured_when_interrupted(tmp_path, monkeypatch):
