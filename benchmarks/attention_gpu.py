@@ -702,6 +702,22 @@ def _fmt(row: dict) -> str:
     return "  ".join(f"{k}={row[k]}" for k in keys)
 
 
+def _version(module: str) -> str | None:
+    """A package's version; None when it does not import. flashdeberta has no ``__version__``: its
+    distribution's then."""
+    import importlib
+    import importlib.metadata
+
+    try:
+        imported = importlib.import_module(module)
+    except Exception:
+        return None
+    try:
+        return getattr(imported, "__version__", None) or importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def environment(device: str) -> dict:
     import torch
 
@@ -712,10 +728,7 @@ def environment(device: str) -> dict:
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
     }
     for mod in ("triton", "transformers", "flashdeberta"):
-        try:
-            env[mod] = __import__(mod).__version__
-        except Exception:
-            env[mod] = None
+        env[mod] = _version(mod)
     if device == "cuda":
         env["cuda"] = torch.version.cuda
     return env

@@ -1187,6 +1187,15 @@ def test_gpu_benchmark_records_a_row_that_cannot_run_and_goes_on():
         bench.bench(fails(KeyboardInterrupt()), "cpu")
 
 
+def test_gpu_benchmark_records_the_versions_of_what_it_compares():
+    import importlib.metadata
+
+    pytest.importorskip("flashdeberta")  # a package without __version__
+    env = _benchmark_module().environment("cpu")
+    assert env["flashdeberta"] == importlib.metadata.version("flashdeberta")
+    assert env["triton"] == pytest.importorskip("triton").__version__ and env["torch"] == torch.__version__
+
+
 def test_gpu_benchmark_output_check_names_what_it_cannot_compare():
     bench = _benchmark_module()
     ref = torch.ones(2, 3)
