@@ -61,7 +61,7 @@ measured. ``--budget-s S`` starts no unit after S seconds (the rest are left pen
 ``--resume FILE`` continues such a run: the units FILE holds are not measured again, its rows are kept (same
 device and versions required)::
 
-    python benchmarks/attention_gpu.py --sections attention --budget-s 500 --out a.json    # exit 3: units left
+    python benchmarks/attention_gpu.py --sections attention --budget-s 480 --out a.json    # exit 3: units left
     python benchmarks/attention_gpu.py --sections attention --resume a.json --out a.json   # the rest
 
 Without CUDA (and without ``--smoke``) it exits with a message and writes nothing. Dropout is 0 except in the
