@@ -84,10 +84,6 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_gpu.json"
-# `triton_backend.KERNEL_NAMES` and `NEAR_BAND_MODES` (a test checks), here so that parsing the arguments
-# imports neither torch nor Triton
-KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
-NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,13 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tile-kernels",
         nargs="+",
-        choices=KERNELS,
-        default=list(KERNELS),
-        help="the kernels the `tiles` section gives each shape (the others keep their tiles)",
+        help="the kernels the `tiles` section gives each shape, of triton_backend.KERNEL_NAMES (default: all; "
+        "the others keep their tiles)",
     )
     p.add_argument(
         "--near-band",
-        choices=NEAR_BAND_MODES,
         default="tables",
         help="the `tiles` section's near-band road (triton_backend.NEAR_BAND): tables, skew-forward or skew",
     )
@@ -403,18 +397,21 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
     of ``--near-band``."""
     from debertakit.attention import triton_backend
 
-    kernels = tuple(k for k in KERNELS if k in args.tile_kernels)
+    every = triton_backend.KERNEL_NAMES
+    unknown = sorted(set(args.tile_kernels or ()) - set(every))
+    if unknown or args.near_band not in triton_backend.NEAR_BAND_MODES:
+        raise SystemExit(
+            f"--tile-kernels {unknown or ''} / --near-band {args.near_band!r}: expected kernels of {every} and "
+            f"a road of {triton_backend.NEAR_BAND_MODES}"
+        )
+    kernels = tuple(k for k in every if args.tile_kernels is None or k in args.tile_kernels)
     suffix = "" if args.near_band == "tables" else f" {args.near_band}"
-    if kernels != KERNELS:
+    if kernels != every:
         suffix += f" ({', '.join(kernels)})"
 
     def measure(tiles, n: int) -> list[dict]:
-        triton_backend.TILE_OVERRIDES.update(dict.fromkeys(kernels, tiles))
-        try:
-            with mock.patch.object(triton_backend, "NEAR_BAND", args.near_band):
-                rows = _attention_rows(args, n, device, dtype, only=("triton",))
-        finally:
-            triton_backend.TILE_OVERRIDES.clear()
+        settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
+        rows = _with_backend_settings(_attention_rows, **settings)(args, n, device, dtype, only=("triton",))
         return [{**r, "section": "tiles", "impl": f"triton {tiles}{suffix}"} for r in rows]
 
     for spec in args.tiles:
@@ -869,17 +866,17 @@ def run_units(args, device: str, dtype) -> int:
 
     began = time.monotonic()
     save(result_of(env, args.smoke, rows, done, pending(0)), args.out)  # --out writable before any work
-    left = 0
+    measured = 0  # units of `todo` measured so far
     for key, measure in todo:
         if args.budget_s is not None and time.monotonic() - began >= args.budget_s:
             print(f"time budget of {args.budget_s} s reached: starting no more units", file=sys.stderr)
             break
-        print(f"== {key} ({left + 1}/{len(todo)})", flush=True)
+        print(f"== {key} ({measured + 1}/{len(todo)})", flush=True)
         rows += measure()
         done.append(key)
-        left += 1
-        save(result_of(env, args.smoke, rows, done, pending(left)), args.out)
-    result = result_of(env, args.smoke, rows, done, pending(left))
+        measured += 1
+        save(result_of(env, args.smoke, rows, done, pending(measured)), args.out)
+    result = result_of(env, args.smoke, rows, done, pending(measured))
     report(result, args.out)
     if result["pending"]:
         print(f"{len(result['pending'])} unit(s) pending: continue with --resume {args.out}", file=sys.stderr)

@@ -1055,10 +1055,9 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     assert not triton_backend.TILE_OVERRIDES  # restored
     with pytest.raises(SystemExit, match="bad tile spec"):
         bench.parse_tiles("64x32")
-    assert (bench.KERNELS, bench.NEAR_BAND_MODES) == (
-        triton_backend.KERNEL_NAMES,
-        triton_backend.NEAR_BAND_MODES,
-    )
+    for bad in (["--tile-kernels", "_fwd"], ["--near-band", "near"]):  # named as the backend names them
+        with pytest.raises(SystemExit, match="expected kernels of .*_dkv_kernel.* a road of .*skew-forward"):
+            bench.main([*args, *bad, "--out", str(out)])
 
 
 def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, monkeypatch):
