@@ -3,7 +3,8 @@
 For each kernel (forward, dQ, dK/dV), head dim and candidate tile shape it compiles the kernel with Triton's
 own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per thread, local-memory stack
 (register spills), shared memory, the number of warpgroup tensor-core instructions (HGMMA) against the older
-HMMA, global loads (LDG: the near band's gathers are one per element) and instructions in the binary. Each
+HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, and the loads
+left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see `triton_aot.branch_loads`). Each
 configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
 v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
@@ -174,15 +175,18 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
 
 
 def table(rows: list[dict], chosen: dict) -> str:
-    head = "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
-    lines = [head, "|" + "---|" * 12]
+    head = (
+        "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
+        " loads in branches |"
+    )
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         use = next((u for u, sets in USES.items() if r["features"] in sets), None)
         mark = " **←**" if chosen.get((r["kernel"], r["head_dim"], use)) == r["tiles"] else ""
         if "error" in r:
             lines.append(
                 f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
-                f"{r['error']} |  |  |  |  |  |  |"
+                f"{r['error']} |  |  |  |  |  |  |  |"
             )
             continue
         o = r["ops"]
@@ -190,7 +194,7 @@ def table(rows: list[dict], chosen: dict) -> str:
             f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
             f"{r['registers']} | "
             f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
-            f"{r['instructions']} |"
+            f"{r['instructions']} | {r['branch_loads']} |"
         )
     return "\n".join(lines)
 
@@ -241,12 +245,12 @@ def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], cho
         ),
         "",
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
-        "cubins. Static only: no timing. **←** marks the tiles chosen per kernel, head dim and use (inference:",
-        "the sets without dropout; dropout: the `+dropout` sets; skew: the `+skew` sets, the near band computed",
-        "from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in any set of the use under",
-        "any of the",
-        "Triton versions; then HGMMA in all, the largest tile, the squarer tile, the longer side along the kernel's",
-        "loop, fewer warps.",
+        "cubins, and the loads left inside a branch of the Triton GPU IR (issued when reached, not prefetched by",
+        "the software pipeliner). Static only: no timing. **←** marks the tiles chosen per kernel, head dim and",
+        "use (inference: the sets without dropout; dropout: the `+dropout` sets; skew: the `+skew` sets, the near",
+        "band computed from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in any set of",
+        "the use under any of the Triton versions; then HGMMA in all, the largest tile, the squarer tile, the",
+        "longer side along the kernel's loop, fewer warps.",
         "",
         "Chosen:",
         "",

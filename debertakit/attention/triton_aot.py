@@ -4,7 +4,8 @@ Python AST -> Triton IR -> LLVM -> PTX -> cubin with the ptxas that ships with T
 usage and instruction mix read with the ``cuobjdump`` Triton also ships. What it can tell without a GPU: whether
 a kernel compiles at all for a target (what the CPU interpreter cannot check), its registers per thread, its
 local-memory stack (register spills, ``STL`` / ``LDL`` instructions), its shared memory, and whether its matrix
-products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``. It cannot tell
+products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``, and how many loads
+sit inside a branch of the Triton GPU IR, where the software pipeliner does not prefetch them. It cannot tell
 speed. Used by ``tests/attention/compile_triton_kernels.py`` and ``benchmarks/triton_static.py``; run in a
 process where ``TRITON_INTERPRET`` is not set (the kernels must be JIT functions).
 """
@@ -50,6 +51,28 @@ class Compiled:
     shared_bytes: int
     instructions: int
     ops: dict[str, int]  # counts of SASS_OPS in the disassembly
+    branch_loads: int  # loads inside an scf.if of the TTGIR: issued when reached, not prefetched a tile ahead
+
+
+def branch_loads(ttgir: str) -> int:
+    """``tt.load`` ops nested in an ``scf.if`` region of a Triton GPU IR listing. Triton's software pipeliner
+    turns the loads at the top level of a loop body into asynchronous copies issued iterations ahead; a load in a
+    branch stays a plain load, its latency paid where the branch runs. Regions open on lines ending in ``{`` and
+    close on lines starting with ``}`` (the printer's layout; braces inside types never end a line)."""
+    regions: list[bool] = []  # per open region: whether it (or one around it) is an scf.if branch
+    found = 0
+    for line in ttgir.splitlines():
+        text = line.strip()
+        if text.startswith("}") and regions:
+            inside_if = regions.pop()
+            if text.startswith("} else {"):
+                regions.append(inside_if)
+                continue
+        if "tt.load" in text and any(regions):
+            found += 1
+        if text.endswith("{"):
+            regions.append(" scf.if " in f" {text} ")
+    return found
 
 
 def signature(fn, dtype: str, constexprs: dict) -> dict:
@@ -130,4 +153,5 @@ def compile_kernel(
         shared_bytes=int(compiled.metadata.shared),
         instructions=len(words),
         ops={op: counts.get(op, 0) for op in SASS_OPS},
+        branch_loads=branch_loads(compiled.asm["ttgir"]),
     )

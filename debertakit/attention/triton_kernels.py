@@ -14,7 +14,13 @@ LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup 
 Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is ``LUT[0]`` (left) or ``LUT[2·SAT]``
 (right) whatever the pair. A tile whose distances are all on one saturated side therefore needs one ROW value per
 query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
-Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element.
+Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element. At distance
+``i - j`` (``IJ``) a program's far tiles are a prefix and a suffix of its loop (`_split`), so the loop runs in
+three parts, each compiled for one kind of tile (`_fwd_keys`, `_dq_keys`, `_dkv_queries` with ``KIND``): the far
+parts carry no gather code, and every part's loads (the far tiles' column values, the near tiles' gathers) sit
+at the top of its loop, where Triton's software pipeliner prefetches them for the next tile. With one loop and a
+branch per tile, the loads inside the branches were issued when the tile was reached and their latency paid
+there (the TTGIR shows them as plain loads inside ``scf.if``, the K / V loads as asynchronous copies).
 
 ``SKEW`` (constexpr, every kernel, at distance ``i - j``): the near band's position terms come from the position
 tables themselves instead of ROW / COL, so no N×R table is written or read. A near tile's distances ``i - j`` are the
@@ -70,6 +76,13 @@ import triton.language as tl
 
 _BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
 
+# KIND, the tiles a loop visits: any (each classified at run time), only far ones on one side, or only near ones
+# (at distance i - j a program's loop runs in three parts: see the module docstring)
+_ANY = tl.constexpr(0)
+_FAR_RIGHT = tl.constexpr(1)
+_NEAR = tl.constexpr(2)
+_FAR_LEFT = tl.constexpr(3)
+
 
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr):
@@ -113,10 +126,14 @@ def _positions(POS, offs, inside, IJ: tl.constexpr):
 @triton.jit
 def _far(
     start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IJ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IJ: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
-    """Whether every pair of the tile lies beyond the saturation on the left / on the right (two scalars)."""
-    if IJ:
+    """Whether every pair of the tile lies beyond the saturation on the left / on the right (two scalars; known
+    at compile time when the loop visits one kind of tile)."""
+    if KIND != _ANY:
+        far_left = KIND == _FAR_LEFT
+        far_right = KIND == _FAR_RIGHT
+    elif IJ:
         # bounds from the block indices alone: rows / columns past the end only widen the range
         far_right = start_m - (start_n + BLOCK_N - 1) >= SAT
         far_left = (start_m + BLOCK_M - 1) - start_n <= -SAT
@@ -126,6 +143,20 @@ def _far(
         far_right = qpos_min - kpos_max >= SAT
         far_left = qpos_max - kpos_min <= -SAT
     return far_left, far_right
+
+
+@triton.jit
+def _split(own, lo, SAT, OWN: tl.constexpr, OTHER: tl.constexpr):
+    """At distance i - j: where the far tiles of a program's loop end and begin. The program owns the OWN rows
+    (or columns) from ``own``; its loop visits blocks of OTHER from ``lo``. By `_far`'s bounds a tile is beyond
+    the saturation on the side before the program's block when the loop's block starts at or below
+    ``own - OTHER + 1 - SAT`` (a prefix of the loop) and on the side after it when it starts at or above
+    ``own + OWN - 1 + SAT`` (a suffix): returns the first block past the prefix and the first of the suffix, in
+    that order (SAT >= 1), either of them possibly past the loop's end: the caller clamps both to it. The same
+    bounds serve the query-block programs (prefix: far right) and the key-block ones (prefix: far left)."""
+    first = lo + tl.maximum(own + 1 - SAT - lo, 0) // OTHER * OTHER
+    last = lo + tl.cdiv(tl.maximum(own + OWN - 1 + SAT - lo, 0), OTHER) * OTHER
+    return first, last
 
 
 @triton.jit
@@ -168,34 +199,37 @@ def _skew_terms(
 
 
 @triton.jit
-def _end(LUT, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
-    """Column of ROW / COL holding the saturated value on the left (RIGHT = 0) or right: the LUT's first or last
-    entry, or 0 / 1 for the skewed kernels, whose ROW / COL hold only the two ends, (N, 2)."""
+def _ends(LUT, SAT, SKEW: tl.constexpr):
+    """Columns of ROW / COL holding the saturated values on the left and on the right: the LUT's first and last
+    entries, or 0 and 1 for the skewed kernels, whose ROW / COL hold only the two ends, (N, 2). Read once per
+    program (inside the loops, a load that the next load's address waits on)."""
     if SKEW:
-        return RIGHT
-    return tl.load(LUT + RIGHT * 2 * SAT)
+        return 0, 1
+    return tl.load(LUT), tl.load(LUT + 2 * SAT)
 
 
 @triton.jit
-def _far_col(COL, LUT, offs_n, n_in, R, SAT, RIGHT: tl.constexpr, SKEW: tl.constexpr):
-    """COL's saturated value per key column (the left or right end of the table)."""
-    return tl.load(COL + (offs_n * R + _end(LUT, SAT, RIGHT, SKEW)), mask=n_in, other=0.0)
+def _far_col(COL, end, offs_n, n_in, R):
+    """COL's saturated value per key column (``end``: the left or right end of the table)."""
+    return tl.load(COL + (offs_n * R + end), mask=n_in, other=0.0)
 
 
 @triton.jit
 def _tile(
     q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
+    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """Scores (BLOCK_M, BLOCK_N) float32 of one tile, -inf where hidden; the visibility mask; the key positions;
     whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
     the program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit."""
     kpos = _positions(KPOS, offs_n, n_in, IJ)
     allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, HAS_SEG, HAS_KMASK, CAUSAL)
-    far_left, far_right = _far(start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ)
+    far_left, far_right = _far(
+        start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ, KIND
+    )
     s = _mm(q, tl.trans(k), PREC) * scale
     if HAS_ROW or HAS_COL:
         if far_right:
@@ -203,12 +237,12 @@ def _tile(
             if HAS_ROW:
                 s += (row_r * scale)[:, None]
             if HAS_COL:
-                s += (_far_col(COL, LUT, offs_n, n_in, R, SAT, 1, SKEW) * scale)[None, :]
+                s += (_far_col(COL, end_r, offs_n, n_in, R) * scale)[None, :]
         elif far_left:
             if HAS_ROW:
                 s += (row_l * scale)[:, None]
             if HAS_COL:
-                s += (_far_col(COL, LUT, offs_n, n_in, R, SAT, 0, SKEW) * scale)[None, :]
+                s += (_far_col(COL, end_l, offs_n, n_in, R) * scale)[None, :]
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
@@ -342,9 +376,8 @@ def _zero_unvisited(
 
 @triton.jit
 def _query_block(
-    Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr,
-    IJ: tl.constexpr, SKEW: tl.constexpr,
+    Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr, IJ: tl.constexpr,
 ):  # fmt: skip
     """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -362,9 +395,46 @@ def _query_block(
     row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if HAS_ROW:
         # the two saturated values of each row, once per query block (far tiles need nothing else)
-        row_l = tl.load(ROW + (offs_m * R + _end(LUT, SAT, 0, SKEW)), mask=m_in, other=0.0)
-        row_r = tl.load(ROW + (offs_m * R + _end(LUT, SAT, 1, SKEW)), mask=m_in, other=0.0)
+        row_l = tl.load(ROW + (offs_m * R + end_l), mask=m_in, other=0.0)
+        row_r = tl.load(ROW + (offs_m * R + end_r), mask=m_in, other=0.0)
     return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
+
+
+@triton.jit
+def _fwd_keys(
+    acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+    seed, bh, DROP_T,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
+    """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND)."""
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+        )  # fmt: skip
+        # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped pairs too
+        if DROPOUT:
+            # a product with the mask as 0 / 1, not a select on it: with SKEW, Triton (3.6, 3.9) moves the
+            # boolean mask between layouts through shared memory, which cannot hold 1-bit elements (the compile
+            # fails); the float mask moves
+            p = p * _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N).to(tl.float32)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit(do_not_specialize=["DROP_T"])
@@ -440,8 +510,9 @@ def _fwd_kernel(
     PQ += (bh % H) * TR * HEAD_DIM  # this head's (TR, D) position tables
     PK += (bh % H) * TR * HEAD_DIM
 
+    end_l, end_r = _ends(LUT, SAT, SKEW)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
+        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
@@ -451,32 +522,25 @@ def _fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    seed = 0
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
-        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
-        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, kpos, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
+    start_m = pid_m * BLOCK_M
+    if IJ and (HAS_ROW or HAS_COL):  # three runs: far right (keys well before), near, far left (see _split)
+        n1, n2 = _split(start_m, lo, SAT, BLOCK_M, BLOCK_N)
+        kinds = (_FAR_RIGHT, _NEAR, _FAR_LEFT)
+        bounds = (lo, tl.minimum(n1, hi), tl.minimum(n2, hi), hi)
+    else:
+        kinds = (_ANY,)
+        bounds = (lo, hi)
+    for run in tl.static_range(len(kinds)):
+        acc, m_i, l_i = _fwd_keys(
+            acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
+            offs_m, m_in, start_m, offs_d,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK, seed, bh, DROP_T,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
+            kinds[run],
         )  # fmt: skip
-        # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped pairs too
-        if DROPOUT:
-            # a product with the mask as 0 / 1, not a select on it: with SKEW, Triton (3.6, 3.9) moves the
-            # boolean mask between layouts through shared memory, which cannot hold 1-bit elements (the compile
-            # fails); the float mask moves
-            p = p * _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N).to(tl.float32)
-        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
-        m_i = m_new
 
     visible = l_i > 0.0
     if DROPOUT:
@@ -487,6 +551,41 @@ def _fwd_kernel(
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
     tl.store(LSE + offs_m, lse, mask=m_in)
+
+
+@triton.jit
+def _dq_keys(
+    dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+    do, lse, dlt, K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+    seed, bh, DROP_T, drop_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
+    """dQ's content part and the rows' table gradients over the key blocks from ``start`` to ``end`` (tiles of
+    one KIND)."""
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_in = offs_n < NK
+        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
+        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
+        dp = _mm(do, tl.trans(v), PREC)
+        if DROPOUT:  # d loss / d P through the dropped, rescaled probabilities
+            dp = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), dp * drop_scale, 0.0)
+        ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
+        dq += _mm(ds.to(k.dtype), k, PREC)
+        if HAS_ROW:
+            far_l, far_r = _table_grad(
+                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1, IJ
+            )
+    return dq, far_l, far_r
 
 
 @triton.jit(do_not_specialize=["DROP_T"])
@@ -573,8 +672,9 @@ def _dq_kernel(
     PQ += (bh % H) * TR * HEAD_DIM
     PK += (bh % H) * TR * HEAD_DIM
 
+    end_l, end_r = _ends(LUT, SAT, SKEW)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, LUT, pid_m, NQ, R, SAT, SQN, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW
+        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
     )
     q_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
@@ -594,33 +694,71 @@ def _dq_kernel(
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     far_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    seed = 0
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
-        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
-        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, kpos, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, pid_m * BLOCK_M, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
+    start_m = pid_m * BLOCK_M
+    if IJ and (HAS_ROW or HAS_COL):  # three runs, as in the forward
+        n1, n2 = _split(start_m, lo, SAT, BLOCK_M, BLOCK_N)
+        kinds = (_FAR_RIGHT, _NEAR, _FAR_LEFT)
+        bounds = (lo, tl.minimum(n1, hi), tl.minimum(n2, hi), hi)
+    else:
+        kinds = (_ANY,)
+        bounds = (lo, hi)
+    for run in tl.static_range(len(kinds)):
+        dq, far_l, far_r = _dq_keys(
+            dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
+            offs_m, m_in, start_m, offs_d, do, lse, dlt,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+            seed, bh, DROP_T, drop_scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
+            kinds[run],
         )  # fmt: skip
-        p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
-        dp = _mm(do, tl.trans(v), PREC)
-        if DROPOUT:  # d loss / d P through the dropped, rescaled probabilities
-            dp = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), dp * drop_scale, 0.0)
-        ds = p * (dp - dlt[:, None])  # d loss / d s, zero on hidden pairs
-        dq += _mm(ds.to(k.dtype), k, PREC)
-        if HAS_ROW:
-            far_l, far_r = _table_grad(
-                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1, IJ
-            )
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
         tl.store(DQ_DIST + offs_m * W, far_l.to(DQ_DIST.dtype.element_ty), mask=m_in)
         tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r.to(DQ_DIST.dtype.element_ty), mask=m_in)
+
+
+@triton.jit
+def _dkv_queries(
+    dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
+    Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
+    scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
+    """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
+    (tiles of one KIND)."""
+    for start_m in range(start, end, BLOCK_M):
+        offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
+            Q, QPOS, QSEG, ROW, start_m // BLOCK_M, NQ, R, SQN, end_l, end_r,
+            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ,
+        )  # fmt: skip
+        do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
+        lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
+        dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
+        s, allowed, kpos, far_left, far_right = _tile(
+            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+        )  # fmt: skip
+        p = tl.exp(s - lse[:, None])
+        dp = _mm(do, tl.trans(v), PREC)
+        if DROPOUT:
+            keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
+            dv += _mm(tl.trans(tl.where(keep, p * drop_scale, 0.0).to(do.dtype)), do, PREC)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+        else:
+            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
+        ds = p * (dp - dlt[:, None])
+        dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
+        if HAS_COL:
+            far_l, far_r = _table_grad(
+                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0, IJ
+            )
+    return dk, dv, far_l, far_r
 
 
 @triton.jit(do_not_specialize=["DROP_T"])
@@ -722,35 +860,27 @@ def _dkv_kernel(
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_N,), dtype=tl.float32)
     far_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    seed = 0
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-            Q, QPOS, QSEG, ROW, LUT, start_m // BLOCK_M, NQ, R, SAT, SQN,
-            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, SKEW,
+    end_l, end_r = _ends(LUT, SAT, SKEW)
+    start_n = pid_n * BLOCK_N
+    # three runs: far left (queries well before), near, far right (see _split)
+    if IJ and (HAS_ROW or HAS_COL):
+        m1, m2 = _split(start_n, lo, SAT, BLOCK_N, BLOCK_M)
+        kinds = (_FAR_LEFT, _NEAR, _FAR_RIGHT)
+        bounds = (lo, tl.minimum(m1, hi), tl.minimum(m2, hi), hi)
+    else:
+        kinds = (_ANY,)
+        bounds = (lo, hi)
+    for run in tl.static_range(len(kinds)):
+        dk, dv, far_l, far_r = _dkv_queries(
+            dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
+            Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
+            scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
+            kinds[run],
         )  # fmt: skip
-        do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
-        lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
-        dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
-        s, allowed, kpos, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, pid_n * BLOCK_N,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT,
-        )  # fmt: skip
-        p = tl.exp(s - lse[:, None])
-        dp = _mm(do, tl.trans(v), PREC)
-        if DROPOUT:
-            keep = _keep(seed, bh, offs_m, pid_n * BLOCK_N, DROP_T, BLOCK_M, BLOCK_N)
-            dv += _mm(tl.trans(tl.where(keep, p * drop_scale, 0.0).to(do.dtype)), do, PREC)
-            dp = tl.where(keep, dp * drop_scale, 0.0)
-        else:
-            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC)
-        ds = p * (dp - dlt[:, None])
-        dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
-        if HAS_COL:
-            far_l, far_r = _table_grad(
-                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0, IJ
-            )
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
     if HAS_COL:

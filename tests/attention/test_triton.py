@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from debertakit.attention import (  # noqa: E402
     Geometry,
@@ -44,6 +45,7 @@ from debertakit.attention import (  # noqa: E402
 )
 from debertakit.attention.dropout import rounded_p  # noqa: E402
 from debertakit.attention.triton_backend import Tiles, dropout_keep_mask, triton_attention  # noqa: E402
+from debertakit.attention.triton_kernels import _split  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -244,6 +246,44 @@ def test_saturated_pairs_reach_the_end_rows_of_the_table():
     for got, want in zip(grads[3:], ref[3:]):
         assert want[:, far_rows].abs().min() > 0
         torch.testing.assert_close(got[:, far_rows], want[:, far_rows], atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def _split_probe(OUT, OWN_AT, LO, SATS, OWN: tl.constexpr, OTHER: tl.constexpr):
+    """`_split` of case ``program_id``: its two bounds into OUT."""
+    case = tl.program_id(0)
+    first, last = _split(tl.load(OWN_AT + case), tl.load(LO + case), tl.load(SATS + case), OWN, OTHER)
+    tl.store(OUT + 2 * case, first)
+    tl.store(OUT + 2 * case + 1, last)
+
+
+@pytest.mark.parametrize("own_block, other_block", [(16, 16), (32, 16), (16, 64)])
+def test_split_cuts_the_loop_exactly_where_tiles_saturate(own_block, other_block):
+    """At distance i - j the kernels' loops visit far tiles as a prefix and a suffix, compiled without the near
+    band's gathers: `_split` must put every tile whose pairs all saturate on one side there (a near tile counted
+    far would lose its position terms) and no other (a far tile counted near costs gathers), for the query-block
+    programs (prefix: keys far before) and the key-block ones alike. Saturation distances cover every residue
+    modulo the blocks (the bounds' rounding), program blocks every position along a 320-long loop."""
+    cases = [
+        (own, lo, hi, sat)
+        for sat in range(1, 2 * other_block + 3)
+        for own in range(0, 320, own_block)
+        for lo, hi in ((0, 320), (other_block, 200), (64, 64))  # lo: a block start, as the kernels round it
+    ]
+    own_at, lo, _, sats = (torch.tensor(col, dtype=torch.int32, device=DEVICE) for col in zip(*cases))
+    out = torch.zeros(2 * len(cases), dtype=torch.int32, device=DEVICE)
+    _split_probe[(len(cases),)](out, own_at, lo, sats, OWN=own_block, OTHER=other_block)
+    for (own, lo, hi, sat), (first, last) in zip(cases, out.view(-1, 2).tolist()):
+        first, last = min(first, hi), min(last, hi)  # the kernels clamp both to the loop's end
+        tiles = range(lo, hi, other_block)
+        # every pair (a, t) of the tile, a in the program's block, t in the loop's: |a - t| >= sat, one side
+        far_before = [t for t in tiles if own - (t + other_block - 1) >= sat]
+        far_after = [t for t in tiles if t - (own + own_block - 1) >= sat]
+        near = [t for t in tiles if t not in far_before + far_after]
+        case = (own, lo, hi, sat)
+        assert list(range(lo, first, other_block)) == far_before, case
+        assert list(range(first, last, other_block)) == near, case
+        assert list(range(last, hi, other_block)) == far_after, case
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
@@ -521,7 +561,9 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     assert not uses(q, None, None, True, False, False)  # no position terms
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128 too (`SKEW_TILES`)
-    assert uses(wide, wide_table, wide_table, True, False, False, bwd)
+    assert not uses(wide, wide_table, wide_table, True, False, False, bwd)  # no backward tiles there
+    monkeypatch.setitem(triton_backend.SKEW_TILES, 128, dict(triton_backend.SKEW_TILES[64]))
+    assert uses(wide, wide_table, wide_table, True, False, False, bwd)  # given tiles for both backward kernels
     monkeypatch.delitem(triton_backend.SKEW_TILES[128], "_dkv_kernel")  # no dK/dV tile: the forward only
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)

@@ -1,0 +1,44 @@
+"""`triton_aot`'s reading of compiled kernels that needs no compiler: the loads left inside branches of a TTGIR."""
+
+from __future__ import annotations
+
+from debertakit.attention.triton_aot import branch_loads
+
+# the printer's layout (Triton 3.6 / 3.9): a loop whose K tile arrives by asynchronous copy, a two-level branch
+# with a load on each of its three paths, a reduction region (braces inside types and around the region) and a
+# load at the top of the loop body
+LOOP = """\
+    %acc:2 = scf.for %i = %lo to %hi step %c64_i32 iter_args(%a = %cst) -> (tensor<64xf32, #ttg.slice<{dim = 1, parent = #mma}>>)  : i32 {
+      %k = ttg.async_copy_global_to_local %kp, %buf mask %m : tensor<64x64x!tt.ptr<bf16>, #blocked> -> <64x64xbf16, #shared1, #smem, mutable> loc(#loc1)
+      %lo_1 = "tt.reduce"(%x) <{axis = 0 : i32}> ({
+      ^bb0(%l: i32, %r: i32):
+        %min = arith.minsi %l, %r : i32 loc(#loc2)
+        tt.reduce.return %min : i32 loc(#loc2)
+      }) : (tensor<64xi32, #blocked2>) -> i32 loc(#loc3)
+      %s:1 = scf.if %far_right -> (tensor<64x64xf32, #mma>) {
+        %c = tt.load %cp, %n_in, %cst_3 : tensor<64x!tt.ptr<f32>, #ttg.slice<{dim = 0, parent = #mma}>> loc(#loc4)
+        scf.yield %c : tensor<64x64xf32, #mma> loc(#loc4)
+      } else {
+        %t = scf.if %far_left -> (tensor<64x64xf32, #mma>) {
+          %d = tt.load %dp, %n_in, %cst_3 : tensor<64x!tt.ptr<f32>, #ttg.slice<{dim = 0, parent = #mma}>> loc(#loc5)
+          scf.yield %d : tensor<64x64xf32, #mma> loc(#loc5)
+        } else {
+          %e = tt.load %ep, %allowed, %cst : tensor<64x64x!tt.ptr<f32>, #blocked> loc(#loc6)
+          scf.yield %e : tensor<64x64xf32, #mma> loc(#loc6)
+        } loc(#loc7)
+        scf.yield %t : tensor<64x64xf32, #mma> loc(#loc7)
+      } loc(#loc8)
+      %z = tt.load %zp : !tt.ptr<i32> loc(#loc9)
+      scf.yield %s, %z : tensor<64x64xf32, #mma>, i32 loc(#loc9)
+    } loc(#loc10)
+    %after = tt.load %ap : !tt.ptr<i32> loc(#loc11)
+"""
+
+
+def test_branch_loads_counts_loads_on_every_path_of_nested_branches():
+    assert branch_loads(LOOP) == 3
+
+
+def test_loads_at_the_top_of_a_loop_or_after_it_are_not_counted():
+    without_branch = LOOP.replace(" scf.if ", " scf.execute_region ")  # the same nesting, no branch
+    assert branch_loads(without_branch) == 0
