@@ -401,6 +401,28 @@ def _query_block(
 
 
 @triton.jit
+def _key_block(
+    start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
+    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
+    """For the query-block programs (forward, dQ): the K and V rows of the key block ``offs_n`` and the tile's
+    scores, visibility, key positions and far sides (`_tile`)."""
+    n_in = offs_n < NK
+    kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
+    k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
+    v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+    s, allowed, kpos, far_left, far_right = _tile(
+        q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
+        ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+        BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+    )  # fmt: skip
+    return k, v, s, allowed, kpos, far_left, far_right
+
+
+@triton.jit
 def _fwd_keys(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
@@ -412,13 +434,9 @@ def _fwd_keys(
     """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND)."""
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
-        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
-        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, kpos, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+        k, v, s, allowed, kpos, far_left, far_right = _key_block(
+            start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
@@ -566,13 +584,9 @@ def _dq_keys(
     one KIND)."""
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_in = offs_n < NK
-        kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
-        k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
-        v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
-        s, allowed, kpos, far_left, far_right = _tile(
-            q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+        k, v, s, allowed, kpos, far_left, far_right = _key_block(
+            start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0

@@ -563,7 +563,9 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128 too (`SKEW_TILES`)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)  # no backward tiles there
     monkeypatch.setitem(triton_backend.SKEW_TILES, 128, dict(triton_backend.SKEW_TILES[64]))
-    assert uses(wide, wide_table, wide_table, True, False, False, bwd)  # given tiles for both backward kernels
+    assert uses(
+        wide, wide_table, wide_table, True, False, False, bwd
+    )  # given tiles for both backward kernels
     monkeypatch.delitem(triton_backend.SKEW_TILES[128], "_dkv_kernel")  # no dK/dV tile: the forward only
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)
