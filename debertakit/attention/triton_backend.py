@@ -167,7 +167,7 @@ def tiles_for(
 
 
 def _launch(t: Tiles) -> dict:
-    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
+    return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, **t.options)
 
 
 def _skew_tiles(dropout: bool) -> dict[int, dict[str, Tiles]]:
@@ -817,9 +817,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: fl
     out = torch.empty((batch * heads, nq, nk), dtype=torch.uint8, device=device)
     t = Tiles(16, 16, 1, 1) if torch.device(device).type != "cuda" else Tiles(64, 64, 4, 1)
     grid = (batch * heads, triton_cdiv(nq, t.block_m), triton_cdiv(nk, t.block_n))
-    _kernels()._keep_mask_kernel[grid](
-        out, seed_t, nq, nk, drop_threshold(p), BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps
-    )
+    _kernels()._keep_mask_kernel[grid](out, seed_t, nq, nk, drop_threshold(p), **_launch(t))
     return out.view(batch, heads, nq, nk).bool()
 
 
