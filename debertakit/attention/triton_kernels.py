@@ -160,6 +160,24 @@ def _split(own, lo, SAT, OWN: tl.constexpr, OTHER: tl.constexpr):
 
 
 @triton.jit
+def _runs(
+    own, lo, hi, SAT, OWN: tl.constexpr, OTHER: tl.constexpr, SPLIT: tl.constexpr, BEFORE: tl.constexpr,
+    AFTER: tl.constexpr,
+):  # fmt: skip
+    """A program's loop over blocks ``[lo, hi)`` as runs of one kind of tile each: ``(kinds, bounds)``, run ``r``
+    visiting ``[bounds[r], bounds[r + 1])``. With SPLIT (distance i - j with position terms) three runs cut by
+    `_split`: BEFORE (far tiles of blocks before the program's), near, AFTER; otherwise one run of any kind."""
+    if SPLIT:
+        first, last = _split(own, lo, SAT, OWN, OTHER)
+        kinds = (BEFORE, _NEAR, AFTER)
+        bounds = (lo, tl.minimum(first, hi), tl.minimum(last, hi), hi)
+    else:
+        kinds = (_ANY,)
+        bounds = (lo, hi)
+    return kinds, bounds
+
+
+@triton.jit
 def _visible(
     m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
@@ -544,13 +562,10 @@ def _fwd_kernel(
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
     start_m = pid_m * BLOCK_M
-    if IJ and (HAS_ROW or HAS_COL):  # three runs: far right (keys well before), near, far left (see _split)
-        n1, n2 = _split(start_m, lo, SAT, BLOCK_M, BLOCK_N)
-        kinds = (_FAR_RIGHT, _NEAR, _FAR_LEFT)
-        bounds = (lo, tl.minimum(n1, hi), tl.minimum(n2, hi), hi)
-    else:
-        kinds = (_ANY,)
-        bounds = (lo, hi)
+    # at distance i - j three runs: far right (keys well before), near, far left
+    kinds, bounds = _runs(
+        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT
+    )
     for run in tl.static_range(len(kinds)):
         acc, m_i, l_i = _fwd_keys(
             acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
@@ -712,13 +727,10 @@ def _dq_kernel(
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
     start_m = pid_m * BLOCK_M
-    if IJ and (HAS_ROW or HAS_COL):  # three runs, as in the forward
-        n1, n2 = _split(start_m, lo, SAT, BLOCK_M, BLOCK_N)
-        kinds = (_FAR_RIGHT, _NEAR, _FAR_LEFT)
-        bounds = (lo, tl.minimum(n1, hi), tl.minimum(n2, hi), hi)
-    else:
-        kinds = (_ANY,)
-        bounds = (lo, hi)
+    # three runs, as in the forward
+    kinds, bounds = _runs(
+        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT
+    )
     for run in tl.static_range(len(kinds)):
         dq, far_l, far_r = _dq_keys(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
@@ -879,14 +891,10 @@ def _dkv_kernel(
         seed = tl.load(SEED)  # once per program (see the module docstring)
     end_l, end_r = _ends(LUT, SAT, SKEW)
     start_n = pid_n * BLOCK_N
-    # three runs: far left (queries well before), near, far right (see _split)
-    if IJ and (HAS_ROW or HAS_COL):
-        m1, m2 = _split(start_n, lo, SAT, BLOCK_N, BLOCK_M)
-        kinds = (_FAR_LEFT, _NEAR, _FAR_RIGHT)
-        bounds = (lo, tl.minimum(m1, hi), tl.minimum(m2, hi), hi)
-    else:
-        kinds = (_ANY,)
-        bounds = (lo, hi)
+    # at distance i - j three runs: far left (queries well before), near, far right
+    kinds, bounds = _runs(
+        start_n, lo, hi, SAT, BLOCK_N, BLOCK_M, IJ and (HAS_ROW or HAS_COL), _FAR_LEFT, _FAR_RIGHT
+    )
     for run in tl.static_range(len(kinds)):
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,

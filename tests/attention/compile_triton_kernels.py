@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             n += 1
             if c is not None and c.stack_bytes:
                 spills.append(f"{name} d{head_dim} {tiles} {flags}: {c}")
-            # at distance i - j every loop visits one kind of tile (`triton_kernels._split`): no load of the
+            # at distance i - j every loop visits one kind of tile (`triton_kernels._runs`): no load of the
             # loops may sit in a branch, where the pipeliner would not prefetch it
             if c is not None and flags["IJ"] and c.branch_loads:
                 unfetched.append(
