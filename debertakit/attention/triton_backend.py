@@ -88,7 +88,7 @@ KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 GPU_TILES = {
     64: {
         "_fwd_kernel": Tiles(64, 64, 8, 2),
-        "_dq_kernel": Tiles(128, 32, 8, 2),
+        "_dq_kernel": Tiles(64, 32, 8, 2),
         "_dkv_kernel": Tiles(64, 16, 8, 2),
     },
     128: {
@@ -100,7 +100,6 @@ GPU_TILES = {
 DROPOUT_TILES = {
     64: {
         "_fwd_kernel": Tiles(128, 32, 8, 2),
-        "_dq_kernel": Tiles(64, 32, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 4, 2),
     },
     128: {},
@@ -134,7 +133,7 @@ SKEW_DROPOUT_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 4, 2),
+        "_dkv_kernel": Tiles(16, 32, 8, 2),
     },
     128: {
         "_fwd_kernel": Tiles(16, 32, 8, 2),

@@ -7,7 +7,10 @@ Notation (one batch row ``b``, one head ``h``; see `eager_attention` for the spe
 ``ROW = Q Krᵀ + p2p bias`` (H, B, Nq, R) and ``COL = K Qrᵀ`` (H, B, Nk, R) are the N×R products of the paper's
 Algorithm 1, computed once per call by the caller (matmuls linear in N, on the tensor cores with float32 results).
 The kernels scale the values they read (one row / column value per far tile, an FMA per gathered element), so
-the tables need no pass of their own to scale them. ``idx(i, j) =
+the tables need no pass of their own to scale them, and they work in base 2: the scale they apply is ``scale ·
+log2(e)``, the softmax takes ``exp2`` and LSE holds base-2 log-sum-exps. The probabilities are the same; on
+NVIDIA GPUs ``exp(x)`` is ``ex2(x · log2(e))``, so this saves a multiply per score in each kernel (the score
+gradients, and so every gradient, stay the natural ones). ``idx(i, j) =
 LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup table as every other backend
 (never recomputed from the log-bucket formula, whose float rounding would not be exact).
 
@@ -75,6 +78,7 @@ import triton
 import triton.language as tl
 
 _BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
+_LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' scores are in base 2
 
 # KIND, the tiles a loop visits: any (each classified at run time), only far ones on one side, or only near ones
 # (at distance i - j a program's loop runs in three parts: see the module docstring)
@@ -197,7 +201,7 @@ def _visible(
 
 @triton.jit
 def _skew_terms(
-    q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
+    q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WT: tl.constexpr,
     HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -213,7 +217,7 @@ def _skew_terms(
         terms += tl.gather(_mm(q, tl.trans(tl.load(PK + table)), PREC), skew, 1)
     if HAS_COL:  # p2c(i, j) = k_j · Qr[idx(i - j)]
         terms += tl.gather(_mm(tl.load(PQ + table), tl.trans(k), PREC), skew, 0)
-    return terms * scale
+    return terms * log2_scale
 
 
 @triton.jit
@@ -235,7 +239,7 @@ def _far_col(COL, end, offs_n, n_in, R):
 @triton.jit
 def _tile(
     q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
@@ -248,22 +252,22 @@ def _tile(
     far_left, far_right = _far(
         start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ, KIND
     )
-    s = _mm(q, tl.trans(k), PREC) * scale
+    s = _mm(q, tl.trans(k), PREC) * log2_scale
     if HAS_ROW or HAS_COL:
         if far_right:
             # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
-                s += (row_r * scale)[:, None]
+                s += (row_r * log2_scale)[:, None]
             if HAS_COL:
-                s += (_far_col(COL, end_r, offs_n, n_in, R) * scale)[None, :]
+                s += (_far_col(COL, end_r, offs_n, n_in, R) * log2_scale)[None, :]
         elif far_left:
             if HAS_ROW:
-                s += (row_l * scale)[:, None]
+                s += (row_l * log2_scale)[:, None]
             if HAS_COL:
-                s += (_far_col(COL, end_l, offs_n, n_in, R) * scale)[None, :]
+                s += (_far_col(COL, end_l, offs_n, n_in, R) * log2_scale)[None, :]
         elif SKEW:
             s += _skew_terms(
-                q, k, PQ, PK, LUT, start_m, start_n, SAT, scale,
+                q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
                 HEAD_DIM, BLOCK_M, BLOCK_N, WT, HAS_ROW, HAS_COL, PREC,
             )  # fmt: skip
         else:
@@ -271,9 +275,9 @@ def _tile(
             delta = qpos[:, None] - kpos[None, :]
             ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
             if HAS_ROW:
-                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0) * scale
+                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0) * log2_scale
             if HAS_COL:
-                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0) * scale
+                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0) * log2_scale
     s = tl.where(allowed, s, float("-inf"))
     return s, allowed, kpos, far_left, far_right
 
@@ -421,7 +425,7 @@ def _query_block(
 @triton.jit
 def _key_block(
     start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
@@ -434,7 +438,7 @@ def _key_block(
     v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
     s, allowed, kpos, far_left, far_right = _tile(
         q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-        ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+        ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
         BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
     )  # fmt: skip
     return k, v, s, allowed, kpos, far_left, far_right
@@ -443,7 +447,7 @@ def _key_block(
 @triton.jit
 def _fwd_keys(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     seed, bh, DROP_T,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
@@ -454,14 +458,14 @@ def _fwd_keys(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)  # the normaliser counts dropped pairs too
         if DROPOUT:
             # a product with the mask as 0 / 1, not a select on it: with SKEW, Triton (3.6, 3.9) moves the
@@ -562,6 +566,7 @@ def _fwd_kernel(
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
     start_m = pid_m * BLOCK_M
+    log2_scale = scale * _LOG2E  # the scores in base 2 (see the module docstring)
     # at distance i - j three runs: far right (keys well before), near, far left
     kinds, bounds = _runs(
         start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT
@@ -570,7 +575,8 @@ def _fwd_kernel(
         acc, m_i, l_i = _fwd_keys(
             acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK, seed, bh, DROP_T,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            seed, bh, DROP_T,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
         )  # fmt: skip
@@ -582,15 +588,15 @@ def _fwd_kernel(
     out_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     tl.store(OUT + out_ptrs, out.to(OUT.dtype.element_ty), mask=m_in[:, None])
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-    lse = tl.where(visible, m_safe + tl.log(tl.where(visible, l_i, 1.0)), float("inf"))
+    lse = tl.where(visible, m_safe + tl.log2(tl.where(visible, l_i, 1.0)), float("inf"))  # base 2
     tl.store(LSE + offs_m, lse, mask=m_in)
 
 
 @triton.jit
 def _dq_keys(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    do, lse, dlt, K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
-    seed, bh, DROP_T, drop_scale,
+    do, lse, dlt, K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, log2_scale,
+    PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
@@ -601,10 +607,10 @@ def _dq_keys(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, offs_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
-        p = tl.exp(s - lse[:, None])  # hidden pairs and empty rows: exp(-inf) = 0
+        p = tl.exp2(s - lse[:, None])  # hidden pairs and empty rows: exp2(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
         if DROPOUT:  # d loss / d P through the dropped, rescaled probabilities
             dp = tl.where(_keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N), dp * drop_scale, 0.0)
@@ -727,6 +733,7 @@ def _dq_kernel(
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
     start_m = pid_m * BLOCK_M
+    log2_scale = scale * _LOG2E
     # three runs, as in the forward
     kinds, bounds = _runs(
         start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT
@@ -735,7 +742,7 @@ def _dq_kernel(
         dq, far_l, far_r = _dq_keys(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, scale, PQ, PK,
+            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
@@ -750,7 +757,7 @@ def _dq_kernel(
 def _dkv_queries(
     dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
     Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
-    scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+    log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
@@ -767,10 +774,10 @@ def _dkv_queries(
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, scale, PQ, PK,
+            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
-        p = tl.exp(s - lse[:, None])
+        p = tl.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), PREC)
         if DROPOUT:
             keep = _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N)
@@ -891,6 +898,7 @@ def _dkv_kernel(
         seed = tl.load(SEED)  # once per program (see the module docstring)
     end_l, end_r = _ends(LUT, SAT, SKEW)
     start_n = pid_n * BLOCK_N
+    log2_scale = scale * _LOG2E
     # at distance i - j three runs: far left (queries well before), near, far right
     kinds, bounds = _runs(
         start_n, lo, hi, SAT, BLOCK_N, BLOCK_M, IJ and (HAS_ROW or HAS_COL), _FAR_LEFT, _FAR_RIGHT
@@ -899,7 +907,7 @@ def _dkv_kernel(
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
             Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
-            scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+            log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
         )  # fmt: skip
