@@ -393,7 +393,8 @@ def _fwd_op(
     ij: bool,
     drop_t: int,
 ) -> tuple[Tensor, Tensor]:
-    """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32; +inf on rows with no visible key)."""
+    """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32 in base 2 (see `triton_kernels`); +inf on
+    rows with no visible key)."""
     dev = q.device
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
