@@ -3,10 +3,10 @@
 For each kernel (forward, dQ, dK/dV), head dim and candidate tile shape it compiles the kernel with Triton's
 own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per thread, local-memory stack
 (register spills), shared memory, the number of warpgroup tensor-core instructions (HGMMA) against the older
-HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, and the loads
-left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see `triton_aot.branch_loads`). Each
-configuration is compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded
-v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
+HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, and the
+loads left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
+`triton_aot.branch_loads`). Each configuration is compiled for three feature sets: ``v3`` (distance i - j,
+c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
 causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
 Philox, which needs registers). Every kernel is also compiled with its near band computed from the position
 tables (``v3+skew``, ``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` = "skew"); the forward
