@@ -84,16 +84,29 @@ def _build(verbose: bool):
         return None
 
 
-def _clear_stale_lock(build_dir: Path, max_age_s: float = 600.0) -> None:
-    """A build killed midway leaves torch's lock file behind, and the next build would wait on it forever; a
-    build takes well under ``max_age_s``, so an older lock is stale."""
+def _clear_stale_lock(build_dir: Path, max_age_s: float = 600.0, poll_s: float = 1.0) -> None:
+    """A build killed midway leaves torch's lock file behind, and torch waits on a lock forever. Wait while the
+    lock may belong to a build still running (one takes well under ``max_age_s``), then remove it as stale:
+    a lock found fresh is not trusted forever (a run started just after the killed one would hang)."""
     lock = build_dir / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > max_age_s:
+    waiting = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return  # no build holds it (or the one that did has finished)
+        if age > max_age_s:
             log.warning("removing a stale build lock %s (older than %.0f s)", lock, max_age_s)
-            lock.unlink()
-    except FileNotFoundError:
-        pass
+            lock.unlink(missing_ok=True)
+            return
+        if not waiting:
+            log.warning(
+                "waiting for another build of the CPU kernel (lock %s; removed as stale at %.0f s old)",
+                lock,
+                max_age_s,
+            )
+            waiting = True
+        time.sleep(poll_s)
 
 
 def error() -> str | None:
