@@ -208,6 +208,30 @@ def test_left_padded_keys_match_eager(monkeypatch, near_band):
     _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
 
 
+TERMS = {
+    "c2p_p2c": PositionTerms(),
+    "c2p": PositionTerms(c2p=True, p2c=False),
+    "p2c": PositionTerms(c2p=False, p2c=True),
+}
+
+
+@pytest.mark.parametrize("near_band", ["tables", "skew"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_key_mask_with_holes_matches_eager(monkeypatch, terms, causal, near_band):
+    """Keys masked here and there, not as one run of padding: hidden columns in the near band and in far tiles on
+    both sides of every query block (70 keys, tiles of 16: the last key block is partial), for each kind of
+    position term (far tiles add a column value with p2c, none without), with and without a causal mask."""
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
+    c = Case(n=70, batch=2, terms=TERMS[terms], causal=causal)
+    geom = Geometry(causal=causal)
+    geom.key_mask = (torch.rand(2, 70, generator=torch.Generator().manual_seed(3)) > 0.3).to(DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, grads = _run(triton_attention, c, inputs, geom)
+    ref, ref_grads = _run(eager_attention, c, inputs, geom)
+    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
+
+
 def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
     """A whole table for a short input: the op is given the rows that distances up to N index (the tables
     road's ROW and COL are as wide as the table), and gives what the model's pre-cut window gives."""
