@@ -6,18 +6,21 @@ own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per
 HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, and the
 loads left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
 `triton_aot.branch_loads`). Each configuration is compiled for three feature sets: ``v3`` (distance i - j,
-c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask,
-causal), each without and with dropout on the probabilities (``+dropout``: the kernels draw the mask with
-Philox, which needs registers). Every kernel is also compiled with its near band computed from the position
-tables (``v3+skew``, ``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` = "skew"); the forward
-also with no position terms (``plain``): plain attention in the same kernel, the control.
+c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit
+positions, segments, key mask, causal), each without and with dropout on the probabilities (``+dropout``: the
+kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
+computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
+`triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
+the same kernel, the control.
 
-A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three with
-it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills; among those, one whose matrix products use HGMMA in every set is preferred,
-then the largest tile, then the squarer one, then the longer side along the kernel's loop (keys for the forward
-and dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
-(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels
-`triton_backend.SKEW_TILES` and `SKEW_DROPOUT_TILES`) holds. This says nothing about speed (no GPU here): `benchmarks/attention_gpu.py --tiles` times candidates.
+A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three
+with it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills;
+among those, one whose matrix products use HGMMA in every set is preferred, then the largest tile, then the
+squarer one, then the longer side along the kernel's loop (keys for the forward and dQ, queries for dK/dV),
+then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES` (and, where dropout
+needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels `triton_backend.SKEW_TILES` and
+`SKEW_DROPOUT_TILES`) holds. This says nothing about speed (no GPU here):
+`benchmarks/attention_gpu.py --tiles` times candidates.
 
 Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
 each PyTorch release pins its own Triton. The report therefore keeps the rows of every Triton version it was run

@@ -144,8 +144,9 @@ def _run(fn, c: Case, inputs, geom: Geometry, grad_out: torch.Tensor | None = No
     return out, grads
 
 
-def _compare(c: Case, dtype: torch.dtype, device: str) -> None:
-    geom = _geometry(c, device)
+def _compare(c: Case, dtype: torch.dtype, device: str, geom: Geometry | None = None) -> None:
+    """`triton_attention` against `eager_attention` on case ``c`` (its own geometry unless ``geom`` is given)."""
+    geom = _geometry(c, device) if geom is None else geom
     inputs = _inputs(c, dtype, device)
     out, grads = _run(triton_attention, c, inputs, geom)
     ref, ref_grads = _run(eager_attention, c, inputs, geom)
@@ -202,10 +203,7 @@ def test_left_padded_keys_match_eager(monkeypatch, near_band):
     c = Case(n=70, batch=2)
     geom = Geometry()
     geom.key_mask = torch.arange(70, device=DEVICE)[None] >= torch.tensor([[40], [3]], device=DEVICE)
-    inputs = _inputs(c, torch.float32, DEVICE)
-    out, grads = _run(triton_attention, c, inputs, geom)
-    ref, ref_grads = _run(eager_attention, c, inputs, geom)
-    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
+    _compare(c, torch.float32, DEVICE, geom)
 
 
 TERMS = {
@@ -226,10 +224,7 @@ def test_key_mask_with_holes_matches_eager(monkeypatch, terms, causal, near_band
     c = Case(n=70, batch=2, terms=TERMS[terms], causal=causal)
     geom = Geometry(causal=causal)
     geom.key_mask = (torch.rand(2, 70, generator=torch.Generator().manual_seed(3)) > 0.3).to(DEVICE)
-    inputs = _inputs(c, torch.float32, DEVICE)
-    out, grads = _run(triton_attention, c, inputs, geom)
-    ref, ref_grads = _run(eager_attention, c, inputs, geom)
-    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
+    _compare(c, torch.float32, DEVICE, geom)
 
 
 def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
