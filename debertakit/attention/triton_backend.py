@@ -135,9 +135,9 @@ SKEW_DROPOUT_TILES = {
         "_dq_kernel": Tiles(32, 32, 8, 2),
         "_dkv_kernel": Tiles(16, 32, 8, 2),
     },
-    128: {
-        "_fwd_kernel": Tiles(16, 32, 8, 2),
-    },
+    # head dim 128 with dropout: no tile of the skewed forward compiles without spills under both Triton
+    # releases, so such calls take the tables road
+    128: {},
 }
 FORWARD = ("_fwd_kernel",)
 BACKWARD = ("_dq_kernel", "_dkv_kernel")

@@ -581,6 +581,7 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128 too (`SKEW_TILES`)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)  # no backward tiles there
+    assert not uses(wide, wide_table, wide_table, True, False, True, fwd)  # nor a forward tile with dropout
     monkeypatch.setitem(triton_backend.SKEW_TILES, 128, dict(triton_backend.SKEW_TILES[64]))
     assert uses(
         wide, wide_table, wide_table, True, False, False, bwd
