@@ -3,9 +3,10 @@
 For each kernel (forward, dQ, dK/dV), head dim and candidate tile shape it compiles the kernel with Triton's
 own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per thread, local-memory stack
 (register spills), shared memory, the number of warpgroup tensor-core instructions (HGMMA) against the older
-HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, and the
+HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, the
 loads left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
-`triton_aot.branch_loads`). Each configuration is compiled for three feature sets: ``v3`` (distance i - j,
+`triton_aot.branch_loads`), and the instructions in the body of each loop over tiles (`triton_aot.tile_loops`:
+at distance i - j the far, near and far runs; what one tile of each costs a thread). Each configuration is compiled for three feature sets: ``v3`` (distance i - j,
 c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit
 positions, segments, key mask, causal), each without and with dropout on the probabilities (``+dropout``: the
 kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
@@ -177,19 +178,54 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
     return {k: v[1] for k, v in best.items()}
 
 
+def _loops(r: dict) -> str:
+    return " · ".join(str(n) for n in r.get("tile_loops", []))
+
+
+def tile_costs(rows: list[dict], chosen: dict) -> str:
+    """What one tile of each loop costs at the tiles chosen for inference, against the forward's loop without
+    position terms at the same tile (``plain``, plain attention): instructions per thread in the loop's body, and
+    per score (times the tile's threads, over its BLOCK_M × BLOCK_N scores)."""
+    by_key = {(r["kernel"], r["head_dim"], r["tiles"], r["features"], r["triton"]): r for r in rows}
+    lines = [
+        "| kernel | d | tiles | triton | set | loops (far · near · far) | per score | far / plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (kernel, hd, use), tiles in sorted(chosen.items()):
+        if use != "inference":
+            continue
+        m, n = (int(x) for x in tiles.split()[0].split("x"))
+        threads = 32 * int(tiles.split()[1][1:])
+        for version in sorted({r["triton"] for r in rows}):
+            plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
+            for feature in ("plain", *_SETS) if kernel == "_fwd_kernel" else _SETS:
+                loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
+                if not loops:
+                    continue
+                per_score = " · ".join(f"{b * threads / (m * n):.1f}" for b in loops)
+                ratio = ""
+                if len(plain) == 1 and len(loops) == 3 and kernel == "_fwd_kernel":
+                    ratio = f"{max(loops[0], loops[2]) / plain[0]:.2f}"
+                lines.append(
+                    f"| {kernel} | {hd} | {tiles} | {version} | {feature} | {' · '.join(map(str, loops))} | "
+                    f"{per_score} | {ratio} |"
+                )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict], chosen: dict) -> str:
     head = (
         "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
-        " loads in branches |"
+        " loads in branches | tile loops |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         use = next((u for u, sets in USES.items() if r["features"] in sets), None)
         mark = " **←**" if chosen.get((r["kernel"], r["head_dim"], use)) == r["tiles"] else ""
         if "error" in r:
             lines.append(
                 f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
-                f"{r['error']} |  |  |  |  |  |  |  |"
+                f"{r['error']} |  |  |  |  |  |  |  |  |"
             )
             continue
         o = r["ops"]
@@ -197,7 +233,7 @@ def table(rows: list[dict], chosen: dict) -> str:
             f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
             f"{r['registers']} | "
             f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
-            f"{r['instructions']} | {r['branch_loads']} |"
+            f"{r['instructions']} | {r['branch_loads']} | {_loops(r)} |"
         )
     return "\n".join(lines)
 
@@ -226,7 +262,9 @@ def compile_rows(args: argparse.Namespace) -> list[dict]:
     return [{**r, "triton": triton.__version__} for r in rows]
 
 
-def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], chosen: dict, text: str) -> None:
+def write_report(
+    args: argparse.Namespace, versions: dict, rows: list[dict], chosen: dict, text: str, costs: str
+) -> None:
     from debertakit.convert.checkpoint import atomic_write_text
 
     env = dict(
@@ -258,6 +296,18 @@ def write_report(args: argparse.Namespace, versions: dict, rows: list[dict], cho
         "Chosen:",
         "",
         *(f"- {k}: {v}" for k, v in chosen_out.items()),
+        "",
+        "## What one tile costs",
+        "",
+        "The loops over tiles at the tiles chosen for inference: instructions per thread in each loop's body (at",
+        "distance i - j the far run of keys before the block, the near band, the far run after it; the worst set",
+        "has other loops), the same per score (times the tile's threads, over its scores), and for the forward the",
+        "costlier far loop over the single loop of the same kernel without position terms (plain attention).",
+        "Static: a loop's instructions, not its time (latencies, memory and the tensor cores' throughput differ).",
+        "",
+        costs,
+        "",
+        "## Every configuration",
         "",
         text,
         "",
@@ -295,12 +345,15 @@ def main(argv=None) -> int:
         raise SystemExit("no rows of the current kernel source to choose from: run without --no-compile")
     chosen = choose(rows)
     text = table(rows, chosen)
+    costs = tile_costs(rows, chosen)
     print(text)
+    print()
+    print(costs)
     print()
     for (kernel, hd, use), tiles in sorted(chosen.items()):
         print(f"chosen: {kernel} d{hd} {use}: {tiles}")
     if not args.no_write:
-        write_report(args, versions, rows, chosen, text)
+        write_report(args, versions, rows, chosen, text, costs)
     return 0
 
 

@@ -4,8 +4,9 @@ Python AST -> Triton IR -> LLVM -> PTX -> cubin with the ptxas that ships with T
 usage and instruction mix read with the ``cuobjdump`` Triton also ships. What it can tell without a GPU: whether
 a kernel compiles at all for a target (what the CPU interpreter cannot check), its registers per thread, its
 local-memory stack (register spills, ``STL`` / ``LDL`` instructions), its shared memory, and whether its matrix
-products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``, and how many loads
-sit inside a branch of the Triton GPU IR, where the software pipeliner does not prefetch them. It cannot tell
+products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``, how many loads
+sit inside a branch of the Triton GPU IR, where the software pipeliner does not prefetch them, and how many
+instructions the body of each loop over tiles holds (`tile_loops`: the static cost of one tile). It cannot tell
 speed. Used by ``tests/attention/compile_triton_kernels.py`` and ``benchmarks/triton_static.py``; run in a
 process where ``TRITON_INTERPRET`` is not set (the kernels must be JIT functions).
 """
@@ -26,6 +27,9 @@ INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *STRIDES}
 FLOATS = {"scale", "drop_scale"}
 FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW")
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
+MMA_OPS = ("HGMMA", "HMMA")
+# "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the address and the opcode, after an optional predicate
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,28 @@ class Compiled:
     instructions: int
     ops: dict[str, int]  # counts of SASS_OPS in the disassembly
     branch_loads: int  # loads inside an scf.if of the TTGIR: issued when reached, not prefetched a tile ahead
+    tile_loops: list[int]  # instructions in the body of each loop over tiles, in address order (`tile_loops`)
+
+
+def tile_loops(sass: str) -> list[int]:
+    """Instructions in the body of each loop over tiles of a ``cuobjdump -sass`` listing, in address order. A
+    backward branch (``BRA`` to an address before its own) closes a loop whose body runs from the target to the
+    branch; a loop over tiles is one whose body holds a tensor-core product (the backward kernels' other loops
+    zero buffer cells). Each thread issues about that many instructions per iteration, so with the tile's size
+    and warps it is the static cost of one tile of that loop: at distance i - j the kernels' three runs (far,
+    near, far; `triton_kernels._runs`), against the single loop of the forward without position terms."""
+    lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
+    bodies = []
+    for addr, op, rest in lines:
+        target = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None
+        if (
+            target is None or int(target.group(1), 16) >= addr
+        ):  # forward, or the listing's closing self-branch
+            continue
+        body = [o for a, o, _ in lines if int(target.group(1), 16) <= a <= addr]
+        if any(o.split(".")[0] in MMA_OPS for o in body):
+            bodies.append(len(body))
+    return bodies
 
 
 def branch_loads(ttgir: str) -> int:
@@ -149,8 +175,7 @@ def compile_kernel(
     stack = re.search(r"STACK:(\d+)", usage.stdout)
     if regs is None or stack is None:
         raise RuntimeError(f"unexpected cuobjdump output: {usage.stdout[:400]!r} {usage.stderr[:400]!r}")
-    # "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the opcode, after an optional predicate
-    words = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass.stdout, re.M)
+    words = [op for _, op, _ in _SASS_LINE.findall(sass.stdout)]
     counts = collections.Counter(w if w.startswith("MUFU.EX2") else w.split(".")[0] for w in words)
     return Compiled(
         registers=int(regs.group(1)),
@@ -159,4 +184,5 @@ def compile_kernel(
         instructions=len(words),
         ops={op: counts.get(op, 0) for op in SASS_OPS},
         branch_loads=branch_loads(compiled.asm["ttgir"]),
+        tile_loops=tile_loops(sass.stdout),
     )

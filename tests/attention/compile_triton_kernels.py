@@ -7,7 +7,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
     python tests/attention/compile_triton_kernels.py          # the configured GPU tiles, bf16, d 64 and 128,
                                                               # with and without dropout, sm_90, checked
                                                               # for register spills and (at distance
-                                                              # i - j) for loads left inside branches
+                                                              # i - j) for loads left inside branches and
+                                                              # for one loop over tiles per run
     python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80)
 """
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     # every compile states its FP fusion (`Tiles.options`): Triton 3.9 warns where one falls back on the default,
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
-    n, spills, unfetched = 0, [], []
+    n, spills, unfetched, uncut = 0, [], [], []
     for dtype, head_dim, every, capability in configurations(args.all):
         for name in KERNEL_NAMES:
             flags = _buildable(every, head_dim, name)
@@ -88,11 +89,19 @@ def main(argv: list[str] | None = None) -> int:
                 unfetched.append(
                     f"{name} d{head_dim} {tiles} {flags}: {c.branch_loads} loads inside branches"
                 )
+            # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own
+            if c is not None and flags["IJ"] and len(c.tile_loops) != 3:
+                uncut.append(f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not 3")
     print(f"compiled {n} kernels")
-    for title, problems in (("register spills", spills), ("loads the pipeliner cannot prefetch", unfetched)):
+    checks = (
+        ("register spills", spills),
+        ("loads the pipeliner cannot prefetch", unfetched),
+        ("loops not cut into three runs", uncut),
+    )
+    for title, problems in checks:
         if problems:
             print(f"{title}:\n" + "\n".join(problems), file=sys.stderr)
-    return 1 if spills or unfetched else 0
+    return 1 if any(problems for _, problems in checks) else 0
 
 
 if __name__ == "__main__":

@@ -920,6 +920,33 @@ def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsy
     assert "dropping the rows of Triton 3.6.0" in capsys.readouterr().out
 
 
+def test_static_report_costs_a_tile_per_thread_and_per_score():
+    """`triton_static.tile_costs`: each loop's body at the tiles chosen for inference, per score (threads over
+    scores), and for the forward the costlier far loop over plain attention's loop at the same tile."""
+    static = _benchmark_module("triton_static")
+
+    def row(kernel, tiles, features, loops):
+        return dict(
+            kernel=kernel, head_dim=64, tiles=tiles, features=features, triton="3.9.0", tile_loops=loops
+        )
+
+    rows = [
+        row("_fwd_kernel", "64x64 w8 s2", "plain", [400]),
+        row("_fwd_kernel", "64x64 w8 s2", "v3", [500, 1000, 520]),
+        row("_fwd_kernel", "32x32 w4 s2", "v3", [1, 2, 3]),  # not the chosen tile
+        row("_dq_kernel", "64x32 w8 s2", "v3", [384, 768, 384]),
+    ]
+    chosen = {("_fwd_kernel", 64, "inference"): "64x64 w8 s2", ("_dq_kernel", 64, "inference"): "64x32 w8 s2"}
+    lines = static.tile_costs(rows, chosen).splitlines()
+    assert len(lines) == 2 + 3
+    # 256 threads over 4096 scores; the far loop after the block costs more: 520 / 400
+    assert "| plain | 400 | 25.0 |  |" in lines[3]
+    assert "| v3 | 500 · 1000 · 520 | 31.2 · 62.5 · 32.5 | 1.30 |" in lines[4]
+    assert (
+        "| _dq_kernel | 64 | 64x32 w8 s2 | 3.9.0 | v3 | 384 · 768 · 384 | 48.0 · 96.0 · 48.0 |  |" in lines[2]
+    )
+
+
 def test_kernels_compile_for_sm90():
     """The interpreter does not check what only the compiler does: build real cubins (no GPU needed)."""
     _compile_for_gpu()

@@ -1,8 +1,9 @@
-"""`triton_aot`'s reading of compiled kernels that needs no compiler: the loads left inside branches of a TTGIR."""
+"""`triton_aot`'s reading of compiled kernels that needs no compiler: the loads left inside branches of a TTGIR,
+the loops over tiles of a SASS listing."""
 
 from __future__ import annotations
 
-from debertakit.attention.triton_aot import branch_loads
+from debertakit.attention.triton_aot import branch_loads, tile_loops
 
 # the printer's layout (Triton 3.6 / 3.9): a loop whose K tile arrives by asynchronous copy, a two-level branch
 # with a load on each of its three paths, a reduction region (braces inside types and around the region) and a
@@ -42,3 +43,28 @@ def test_branch_loads_counts_loads_on_every_path_of_nested_branches():
 def test_loads_at_the_top_of_a_loop_or_after_it_are_not_counted():
     without_branch = LOOP.replace(" scf.if ", " scf.execute_region ")  # the same nesting, no branch
     assert branch_loads(without_branch) == 0
+
+
+# cuobjdump's layout: a branch over a loop whose body (0x20 .. 0x50) holds a tensor-core product, a loop without
+# one (zeroing a buffer), a forward branch inside the first loop, and the listing's closing self-branch
+SASS = """\
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+        /*0010*/               @P0 BRA 0x70 ;                             /* 0x0000000400000947 */
+        /*0020*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ; /* 0x0000000004187df0 */
+        /*0030*/              @!P2 BRA 0x50 ;                             /* 0x000000000000a947 */
+        /*0040*/                   FADD R2, R2, R3 ;                      /* 0x0000000302027221 */
+        /*0050*/              @!P1 BRA 0x20 ;                             /* 0xfffffffc00f09947 */
+        /*0060*/                   STS [R1], RZ ;                         /* 0x000000ff01007388 */
+        /*0070*/               @P2 BRA 0x60 ;                             /* 0xfffffffc00f82947 */
+        /*0080*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*0090*/                   BRA 0x90;                              /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_tile_loops_counts_the_bodies_of_loops_with_a_matrix_product():
+    assert tile_loops(SASS) == [
+        4
+    ]  # 0x20 .. 0x50; the loop at 0x60 zeroes, the last branch closes the listing
+    assert tile_loops(SASS.replace("HGMMA.64x32x16.F32.BF16", "HMMA.16816.F32.BF16")) == [4]
+    assert tile_loops(SASS.replace("STS [R1], RZ", "HMMA.16816.F32.BF16 R4, R8, R12, R4")) == [4, 2]
+    assert tile_loops(SASS.replace("@!P1 BRA 0x20", "@!P1 BRA 0x60")) == []  # no backward branch over it
