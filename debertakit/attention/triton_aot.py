@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI", "Q_LO", "Q_HI"}
-F32_POINTERS = {"ROW", "COL", "LSE", "DELTA", "DQ", "DK"}  # DV and the distance buffers: the inputs' dtype
+# DV and the distance buffers hold the inputs' dtype
+F32_POINTERS = {"ROW", "COL", "FAR", "LSE", "DELTA", "DQ", "DK"}
 STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) activations, in elements
 INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *STRIDES}
 FLOATS = {"scale", "drop_scale"}

@@ -133,13 +133,16 @@ SKEW_DROPOUT_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
-    # head dim 128 with dropout: no tile of the skewed forward compiles without spills under both Triton
-    # releases, so such calls take the tables road
-    128: {},
+    128: {
+        "_fwd_kernel": Tiles(16, 32, 4, 2),
+    },
 }
 FORWARD = ("_fwd_kernel",)
+# FAR's rows (`_far_columns`) are padded to a multiple of this, which every tile side divides (the kernels
+# read it as `triton_kernels.FAR_PAD` and check their key blocks against it)
+FAR_PAD = 128
 BACKWARD = ("_dq_kernel", "_dkv_kernel")
 
 
@@ -200,10 +203,40 @@ def _uses_skew(
     return wanted and ij and not p2p and served and same_dtype
 
 
+def _end_rows(lut: Tensor) -> Tensor:
+    """The table rows of the two saturated ends, left and right: the first and last LUT entry (the kernels'
+    `_ends`). A view: int32 indexes as well as int64."""
+    return lut[:: lut.numel() - 1]
+
+
 def _skew_ends(lut: Tensor, skew: bool) -> Tensor | None:
-    """The table rows a skewed call still needs from ROW / COL: the two saturated ends (first and last LUT
-    entry, the kernels' `_end`); None (every row) otherwise."""
-    return lut[:: lut.numel() - 1] if skew else None  # a view: int32 indexes as well as int64
+    """The table rows a skewed call still needs from ROW / COL: the two saturated ends; None (every row)
+    otherwise."""
+    return _end_rows(lut) if skew else None
+
+
+def _far_columns(
+    col: Tensor | None, lut: Tensor, skew: bool, k_mask: Tensor | None, shape: tuple[int, int, int], device
+) -> Tensor:
+    """FAR (H, B, 2, Nk padded to `FAR_PAD`) float32 for ``shape`` = (H, B, Nk): the far tiles'
+    value of each key column on the left and on the right (`triton_kernels._far_col`), COL's two saturated
+    entries (0 without p2c; a skewed call's COL holds only them), -inf where the key is masked and in the
+    padding, so that a far tile hides those keys without a mask of its own. Two contiguous rows per (h, b): one
+    unmasked vector load per far tile instead of COL's strided entries and the key mask (see README, How it
+    works)."""
+    heads, batch, nk = shape
+    width = triton_cdiv(nk, FAR_PAD) * FAR_PAD
+    far = torch.empty((heads, batch, 2, width), dtype=torch.float32, device=device)
+    if width > nk:  # (a launch per call saved where Nk is a multiple of FAR_PAD)
+        far[..., nk:].fill_(float("-inf"))
+    if col is None:
+        far[..., :nk].fill_(0.0)
+    else:
+        ends = col if skew else col[..., _end_rows(lut)]  # (H, B·Nk, 2)
+        far[..., :nk] = ends.view(heads, batch, nk, 2).transpose(-1, -2)
+    if k_mask is not None:
+        far[..., :nk].masked_fill_((k_mask == 0)[None, :, None, :], float("-inf"))
+    return far
 
 
 def _position_args(pos_q: Tensor | None, pos_k: Tensor | None, skew: bool, fallback: Tensor) -> tuple:
@@ -289,6 +322,7 @@ class _PositionInputs(NamedTuple):
     skew: bool  # the near band from the position tables (`_uses_skew`)
     row: Tensor | None  # ROW, float32 per head; skewed: its two saturated ends only
     col: Tensor | None  # COL, likewise
+    far: Tensor | None  # FAR (`_far_columns`), where ROW or COL is and far tiles can occur
     R: int  # their width
     PQ: Tensor  # the kernels' position-table arguments (`_position_args`)
     PK: Tensor
@@ -308,6 +342,8 @@ def _position_inputs(
     p2p: bool,
     ij: bool,
     dropout: bool,
+    k_mask: Tensor | None,
+    sat: int,
     kernels: tuple[str, ...],
 ) -> _PositionInputs:
     skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
@@ -315,8 +351,14 @@ def _position_inputs(
     k_heads = _per_head(k) if p2c else None
     query_rows = q.shape[0] * q.shape[2]
     row, col = _tables(q_heads, k_heads, query_rows, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
+    # at distance i - j no pair is saturated (|i - j| >= sat) when both sides have at most sat rows: no far tile
+    # reads FAR then, and short inputs (most calls) launch nothing to build it
+    far_tiles = not ij or max(q.shape[2], k.shape[2]) > sat
+    far = None
+    if (row is not None or col is not None) and far_tiles:
+        far = _far_columns(col, lut, skew, k_mask, (q.shape[1], k.shape[0], k.shape[2]), q.device)
     PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
-    return _PositionInputs(skew, row, col, _table_rows(row, col), PQ, PK, TR, q_heads, k_heads)
+    return _PositionInputs(skew, row, col, far, _table_rows(row, col), PQ, PK, TR, q_heads, k_heads)
 
 
 def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
@@ -399,8 +441,8 @@ def _fwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew, row, col, R, PQ, PK, TR, _, _ = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, FORWARD
+        skew, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, sat, FORWARD
         )
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
@@ -408,8 +450,8 @@ def _fwd_op(
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
         _kernels()._fwd_kernel[grid](
             q, k, v,
-            _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32), lut, PQ, PK,
-            q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
+            _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32),
+            _or_unused(far, dev, torch.float32), lut, PQ, PK, q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
@@ -500,8 +542,8 @@ def _bwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew, row, col, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, BACKWARD
+        skew, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, sat, BACKWARD
         )
         W = 2 * sat + 1
         dout, out = _like(dout, q), _like(out, q)  # read through q's strides
@@ -520,6 +562,7 @@ def _bwd_op(
         tables = (
             _or_unused(row, dev, torch.float32),
             _or_unused(col, dev, torch.float32),
+            _or_unused(far, dev, torch.float32),
             lut,
             PQ,
             PK,
@@ -540,7 +583,7 @@ def _bwd_op(
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
         )  # fmt: skip
-        del row, col, tables  # free the N×R tables before the fold
+        del row, col, far, tables  # free the N×R tables before the fold
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale

@@ -16,7 +16,10 @@ LUT[clamp(pos_q[i] - pos_k[j], -SAT, SAT) + SAT]`` is read from the same lookup 
 
 Saturation (REFERENCE.md §2): for ``|pos_q[i] - pos_k[j]| >= SAT`` the index is ``LUT[0]`` (left) or ``LUT[2·SAT]``
 (right) whatever the pair. A tile whose distances are all on one saturated side therefore needs one ROW value per
-query row (loaded once per program) and one COL value per key column: no gather, the cost of plain attention.
+query row (loaded once per program) and one value per key column: no gather, the cost of plain attention. The
+column values come from FAR (H, B, 2, Nk padded to FAR_PAD), built by the caller: COL's two saturated values of
+each key as two contiguous rows (left, right; 0 without p2c), -inf where the key is masked and in the padding
+(see `_far_col`).
 Only tiles that straddle the band ``|i - j| < SAT`` gather ROW/COL entries element by element. At distance
 ``i - j`` (``IJ``) a program's far tiles are a prefix and a suffix of its loop (`_split`), so the loop runs in
 three parts, each compiled for one kind of tile (`_fwd_keys`, `_dq_keys`, `_dkv_queries` with ``KIND``): the far
@@ -77,8 +80,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from debertakit.attention import triton_backend  # FAR_PAD only (the backend imports these kernels lazily)
+
 _BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
 _LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' scores are in base 2
+# FAR's rows are padded with -inf to a multiple of this (every tile side divides it), so that a far tile reads
+# its column values without a mask (`_far_col`): the caller's padding (`triton_backend._far_columns`)
+FAR_PAD = tl.constexpr(triton_backend.FAR_PAD)
 
 # KIND, the tiles a loop visits: any (each classified at run time), only far ones on one side, or only near ones
 # (at distance i - j a program's loop runs in three parts: see the module docstring)
@@ -186,20 +194,16 @@ def _visible(
     m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_M, BLOCK_N) bool: query i may attend key j; (BLOCK_N,) bool: the keys that may be attended at all
-    (inside the sequence, not masked)."""
+    """(BLOCK_M, BLOCK_N) bool: query i may attend key j."""
     allowed = m_in[:, None] & n_in[None, :]
-    cols = n_in
     if HAS_KMASK:
-        unmasked = tl.load(KMASK + offs_n, mask=n_in, other=0) != 0
-        allowed = allowed & unmasked[None, :]
-        cols = cols & unmasked
+        allowed = allowed & (tl.load(KMASK + offs_n, mask=n_in, other=0) != 0)[None, :]
     if HAS_SEG:
         kseg = tl.load(KSEG + offs_n, mask=n_in, other=-1)
         allowed = allowed & (qseg[:, None] == kseg[None, :])
     if CAUSAL:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
-    return allowed, cols
+    return allowed
 
 
 @triton.jit
@@ -234,24 +238,26 @@ def _ends(LUT, SAT, SKEW: tl.constexpr):
 
 
 @triton.jit
-def _far_col(COL, end, offs_n, n_in, R):
-    """COL's saturated value per key column (``end``: the left or right end of the table)."""
-    return tl.load(COL + (offs_n * R + end), mask=n_in, other=0.0)
+def _far_col(FAR, offs_n):
+    """The far tiles' value per key column on one saturated side (FARL / FARR: one row of the caller's FAR):
+    COL's saturated value (0 without p2c), -inf where the key is masked and past the sequence's end (the row's
+    padding to FAR_PAD, a multiple of every tile side: no load mask). Hidden keys thus hide themselves, and a
+    far tile whose hidden pairs are whole columns applies no mask of its own (`_tile`)."""
+    return tl.load(FAR + offs_n)
 
 
 @triton.jit
-def _hidden_cols(col, cols):
-    """-inf on the columns whose key may not be attended (``cols`` False): in a tile that applies no mask of its
-    own (`_tile`), that hides them. Not through the load's mask: loading COL under the key mask (a mask read
-    from memory), the head-dim-64 forward at 64x64 compiled to 126 global loads instead of 58 and 12% more
-    instructions (static report, Triton 3.9)."""
-    return tl.where(cols, col, float("-inf"))
+def _far_rows(FAR, bh, H, B, NK):
+    """FARL, FARR: program (b, h)'s two rows of FAR (H, B, 2, NK padded to FAR_PAD)."""
+    width = tl.cdiv(NK, FAR_PAD) * FAR_PAD
+    left = FAR + _head_major(bh, H, B, 2 * width)
+    return left, left + width
 
 
 @triton.jit
 def _tile(
     q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-    ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
+    ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
@@ -262,11 +268,12 @@ def _tile(
 
     In the far runs at distance i - j without segments, the hidden pairs are whole columns: keys past the
     sequence's end or masked (a causal mask hides nothing in far-right tiles, whose keys lie at least SAT
-    before their queries). COL's value there is -inf, so such a tile applies no per-element mask (two
-    operations per score fewer). Its rows past the queries' end keep their scores: the forward and dQ kernels
-    never store them, and the dK/dV kernel reads ``lse = inf`` for them, so their probabilities are 0."""
+    before their queries). Their column value (`_far_col`) is -inf, so such a tile applies no per-element mask
+    and loads no key mask. Its rows past the queries' end keep their scores: the forward and dQ kernels never
+    store them, and the dK/dV kernel reads ``lse = inf`` for them, so their probabilities are 0."""
+    tl.static_assert(FAR_PAD % BLOCK_N == 0, "FAR's rows are padded for key blocks dividing FAR_PAD")
     kpos = _positions(KPOS, offs_n, n_in, IJ)
-    allowed, cols = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, HAS_SEG, HAS_KMASK, CAUSAL)
+    allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, HAS_SEG, HAS_KMASK, CAUSAL)
     far_left, far_right = _far(
         start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ, KIND
     )
@@ -279,19 +286,11 @@ def _tile(
             # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
                 s += (row_r * log2_scale)[:, None]
-            if HAS_COL:
-                col = _far_col(COL, end_r, offs_n, n_in, R)
-                if open_tile:
-                    col = _hidden_cols(col, cols)
-                s += (col * log2_scale)[None, :]
+            s += (_far_col(FARR, offs_n) * log2_scale)[None, :]
         elif far_left:
             if HAS_ROW:
                 s += (row_l * log2_scale)[:, None]
-            if HAS_COL:
-                col = _far_col(COL, end_l, offs_n, n_in, R)
-                if open_tile:
-                    col = _hidden_cols(col, cols)
-                s += (col * log2_scale)[None, :]
+            s += (_far_col(FARL, offs_n) * log2_scale)[None, :]
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
@@ -307,8 +306,6 @@ def _tile(
                 s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0) * log2_scale
     if not open_tile:
         s = tl.where(allowed, s, float("-inf"))
-    elif not HAS_COL:  # no column value to carry the -inf
-        s = tl.where(cols[None, :], s, float("-inf"))
     return s, allowed, kpos, far_left, far_right
 
 
@@ -455,7 +452,7 @@ def _query_block(
 @triton.jit
 def _key_block(
     start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+    K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
@@ -469,7 +466,7 @@ def _key_block(
     v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
     s, allowed, kpos, far_left, far_right = _tile(
         q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-        ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
+        ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
         BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
     )  # fmt: skip
     return k, v, s, allowed, kpos, far_left, far_right
@@ -478,7 +475,7 @@ def _key_block(
 @triton.jit
 def _fwd_keys(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+    K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     seed, bh, DROP_T,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
@@ -488,7 +485,7 @@ def _fwd_keys(
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
@@ -514,6 +511,7 @@ def _fwd_kernel(
     V,
     ROW,
     COL,
+    FAR,
     LUT,
     PQ,
     PK,
@@ -570,6 +568,7 @@ def _fwd_kernel(
     K += k_base
     V += k_base
     COL += _head_major(bh, H, B, NK) * R
+    FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
     KV_LO += b * NQ
@@ -605,7 +604,7 @@ def _fwd_kernel(
         acc, m_i, l_i = _fwd_keys(
             acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             seed, bh, DROP_T,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
@@ -625,8 +624,8 @@ def _fwd_kernel(
 @triton.jit
 def _dq_keys(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    do, lse, dlt, K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, log2_scale,
-    PQ, PK, seed, bh, DROP_T, drop_scale,
+    do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r,
+    log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
@@ -636,7 +635,7 @@ def _dq_keys(
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])  # hidden pairs and empty rows: exp2(-inf) = 0
@@ -663,6 +662,7 @@ def _dq_kernel(
     DELTA,
     ROW,
     COL,
+    FAR,
     LUT,
     PQ,
     PK,
@@ -726,6 +726,7 @@ def _dq_kernel(
     K += k_base
     V += k_base
     COL += _head_major(bh, H, B, NK) * R
+    FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
     KV_LO += b * NQ
@@ -771,8 +772,8 @@ def _dq_kernel(
         dq, far_l, far_r = _dq_keys(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
-            K, V, ROW, COL, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
-            seed, bh, DROP_T, drop_scale,
+            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r,
+            log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
         )  # fmt: skip
@@ -785,8 +786,8 @@ def _dq_kernel(
 @triton.jit
 def _dkv_queries(
     dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
-    Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
-    log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+    Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN,
+    end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
@@ -803,7 +804,7 @@ def _dkv_queries(
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-            ROW, COL, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
+            ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])
@@ -833,6 +834,7 @@ def _dkv_kernel(
     DELTA,
     ROW,
     COL,
+    FAR,
     LUT,
     PQ,
     PK,
@@ -895,6 +897,7 @@ def _dkv_kernel(
     DK += k_base
     DV += k_base
     COL += k_tab * R
+    FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     DK_DIST += k_tab * W
     QPOS += b * NQ
     QSEG += b * NQ
@@ -935,8 +938,8 @@ def _dkv_kernel(
     for run in tl.static_range(len(kinds)):
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
-            Q, DO, LSE, DELTA, ROW, COL, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN, end_l, end_r,
-            log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+            Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN,
+            end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
         )  # fmt: skip

@@ -581,7 +581,7 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     wide, wide_table = torch.zeros(1, 1, 4, 128), torch.zeros(1, 8, 128)
     assert uses(wide, wide_table, wide_table, True, False, False, fwd)  # head dim 128 too (`SKEW_TILES`)
     assert not uses(wide, wide_table, wide_table, True, False, False, bwd)  # no backward tiles there
-    assert not uses(wide, wide_table, wide_table, True, False, True, fwd)  # nor a forward tile with dropout
+    assert uses(wide, wide_table, wide_table, True, False, True, fwd)  # the forward with dropout too
     monkeypatch.setitem(triton_backend.SKEW_TILES, 128, dict(triton_backend.SKEW_TILES[64]))
     assert uses(
         wide, wide_table, wide_table, True, False, False, bwd
@@ -1504,6 +1504,48 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         # gradients start from their first term (no zero tensor to add into)
         assert not set(launches) & bench.FILLS, launches
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
+
+
+def test_far_columns_hold_cols_saturated_values_and_hide_masked_keys():
+    """FAR (`triton_backend._far_columns`), the far tiles' column values: per (h, b) COL's left and right
+    saturated entries (the rows of the LUT's first and last entry) as two rows padded with -inf to FAR_PAD,
+    -inf at masked keys; a skewed call's COL holds only the two ends; zeros without COL (c2p only)."""
+    H, B, NK, R = 2, 3, 130, 9
+    lut = torch.tensor([2, 2, 3, 4, 5, 6, 7], dtype=torch.int32)  # saturated ends: table rows 2 and 7
+    col = torch.randn(H, B * NK, R)
+    k_mask = (torch.rand(B, NK) > 0.3).to(torch.int32)
+    hidden = (k_mask == 0)[None, :, None, :]
+    ends = col.view(H, B, NK, R)[..., [2, 7]].transpose(-1, -2)  # (H, B, 2, NK)
+    far = triton_backend._far_columns(col, lut, False, k_mask, (H, B, NK), "cpu")
+    assert far.shape == (H, B, 2, 2 * triton_backend.FAR_PAD) and far.is_contiguous()
+    torch.testing.assert_close(far[..., :NK], ends.masked_fill(hidden, float("-inf")))
+    assert torch.isneginf(far[..., NK:]).all()
+    skewed = triton_backend._far_columns(col.view(H, B, NK, R)[..., [2, 7]].reshape(H, B * NK, 2), lut, True,
+                                         None, (H, B, NK), "cpu")  # fmt: skip
+    torch.testing.assert_close(skewed[..., :NK], ends)
+    c2p_only = triton_backend._far_columns(None, lut, False, k_mask, (H, B, NK), "cpu")
+    torch.testing.assert_close(c2p_only[..., :NK], torch.zeros_like(ends).masked_fill(hidden, float("-inf")))
+    exact = triton_backend._far_columns(col[:, : B * 128], lut, False, None, (H, B, 128), "cpu")
+    assert exact.shape[-1] == 128 and not torch.isinf(exact).any()  # no padding where Nk is a multiple
+
+
+def test_far_columns_are_built_only_where_far_tiles_can_occur(monkeypatch):
+    """At distance i - j no pair is saturated when neither side is longer than the saturation distance (512 for
+    DeBERTa-v3 base): such calls, most of them, build no FAR and launch nothing for it. Longer ones pay two
+    launches per direction (gathering COL's two end columns, writing them), one more where Nk is not a multiple
+    of FAR_PAD (the padding's fill)."""
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", False)
+    bench = _benchmark_module("triton_host_cost")
+    built = []
+    far_columns = triton_backend._far_columns
+    monkeypatch.setattr(triton_backend, "_far_columns", lambda *a: built.append(a[-2]) or far_columns(*a))
+    short = bench.measure(512, 1024, 2, 64, "tables")
+    assert built == [] and short["forward"]["launches"] == {"bmm": 2}
+    long = bench.measure(1024, 2048, 2, 64, "tables")
+    assert built == [(2, 2, 1024)] * 2  # forward, backward
+    assert long["forward"]["launches"] == {"bmm": 2, "index": 1, "copy_": 1}, long["forward"]["launches"]
+    ragged = bench.measure(1000, 2000, 2, 64, "skew")
+    assert ragged["forward"]["launches"] == {"bmm": 2, "index": 2, "fill_": 1, "copy_": 1}
 
 
 def test_backward_writes_no_float32_gradient_of_table_size(monkeypatch):
