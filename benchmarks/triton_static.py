@@ -6,9 +6,10 @@ own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per
 HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, the
 loads left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
 `triton_aot.branch_loads`), and the instructions in the body of each loop over tiles (`triton_aot.tile_loops`:
-at distance i - j the far, near and far runs; what one tile of each costs a thread). Each configuration is compiled for three feature sets: ``v3`` (distance i - j,
-c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst`` (explicit
-positions, segments, key mask, causal), each without and with dropout on the probabilities (``+dropout``: the
+at distance i - j the far, near and far runs; what one tile of each costs a thread). Each configuration is
+compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded v3 batch),
+``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask, causal),
+each without and with dropout on the probabilities (``+dropout``: the
 kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
 computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
 `triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
@@ -300,9 +301,10 @@ def write_report(
         "## What one tile costs",
         "",
         "The loops over tiles at the tiles chosen for inference: instructions per thread in each loop's body (at",
-        "distance i - j the far run of keys before the block, the near band, the far run after it; the worst set",
-        "has other loops), the same per score (times the tile's threads, over its scores), and for the forward the",
-        "costlier far loop over the single loop of the same kernel without position terms (plain attention).",
+        "distance i - j the far run before the program's block, the near band, the far run after it; the worst",
+        "set, explicit positions, runs one loop with a branch per tile, which the binary can close with more than",
+        "one backward branch), the same per score (times the tile's threads, over its scores), and for the forward",
+        "the costlier far loop over the single loop of the same kernel without position terms (plain attention).",
         "Static: a loop's instructions, not its time (latencies, memory and the tensor cores' throughput differ).",
         "",
         costs,

@@ -140,10 +140,10 @@ SKEW_DROPOUT_TILES = {
     },
 }
 FORWARD = ("_fwd_kernel",)
+BACKWARD = ("_dq_kernel", "_dkv_kernel")
 # FAR's rows (`_far_columns`) are padded to a multiple of this, which every tile side divides (the kernels
 # read it as `triton_kernels.FAR_PAD` and check their key blocks against it)
 FAR_PAD = 128
-BACKWARD = ("_dq_kernel", "_dkv_kernel")
 
 
 def _tile_width(head_dim: int) -> int:
@@ -451,7 +451,8 @@ def _fwd_op(
         _kernels()._fwd_kernel[grid](
             q, k, v,
             _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32),
-            _or_unused(far, dev, torch.float32), lut, PQ, PK, q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
+            _or_unused(far, dev, torch.float32), lut, PQ, PK,
+            q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
