@@ -121,7 +121,7 @@ SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 4, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     # head dim 128: no dQ or dK/dV tile compiles without spills under both Triton releases, so the skewed road
     # serves the forward only there

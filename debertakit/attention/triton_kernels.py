@@ -191,17 +191,18 @@ def _runs(
 
 @triton.jit
 def _visible(
-    m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK,
+    m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, before,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
-    """(BLOCK_M, BLOCK_N) bool: query i may attend key j."""
+    """(BLOCK_M, BLOCK_N) bool: query i may attend key j. ``before``: every key of the tile lies before every
+    query (a far-right tile at distance i - j), so a causal mask hides nothing there."""
     allowed = m_in[:, None] & n_in[None, :]
     if HAS_KMASK:
         allowed = allowed & (tl.load(KMASK + offs_n, mask=n_in, other=0) != 0)[None, :]
     if HAS_SEG:
         kseg = tl.load(KSEG + offs_n, mask=n_in, other=-1)
         allowed = allowed & (qseg[:, None] == kseg[None, :])
-    if CAUSAL:
+    if CAUSAL and not before:
         allowed = allowed & (kpos[None, :] <= qpos[:, None])
     return allowed
 
@@ -273,13 +274,15 @@ def _tile(
     store them, and the dK/dV kernel reads ``lse = inf`` for them, so their probabilities are 0."""
     tl.static_assert(FAR_PAD % BLOCK_N == 0, "FAR's rows are padded for key blocks dividing FAR_PAD")
     kpos = _positions(KPOS, offs_n, n_in, IJ)
-    allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, HAS_SEG, HAS_KMASK, CAUSAL)
+    # known at compile time; not a constexpr under Triton 3.6 (see open_tile below), its branch folded all the same
+    before = KIND == _FAR_RIGHT
+    allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, before, HAS_SEG, HAS_KMASK, CAUSAL)
     far_left, far_right = _far(
         start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ, KIND
     )
     # far tiles whose hidden pairs are whole columns (see above): no mask per pair. Known at compile time, but
     # not a constexpr under Triton 3.6, where KIND arrives as a constant scalar: its branches are folded away
-    open_tile = (KIND == _FAR_RIGHT or (KIND == _FAR_LEFT and not CAUSAL)) and not HAS_SEG
+    open_tile = (before or (KIND == _FAR_LEFT and not CAUSAL)) and not HAS_SEG
     s = _mm(q, tl.trans(k), PREC) * log2_scale
     if HAS_ROW or HAS_COL:
         if far_right:
