@@ -179,8 +179,8 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
     return {k: v[1] for k, v in best.items()}
 
 
-def _loops(r: dict) -> str:
-    return " · ".join(str(n) for n in r.get("tile_loops", []))
+def _loops(loops: list[int]) -> str:
+    return " · ".join(str(n) for n in loops)
 
 
 def tile_costs(rows: list[dict], chosen: dict) -> str:
@@ -208,7 +208,7 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
                 if len(plain) == 1 and len(loops) == 3 and kernel == "_fwd_kernel":
                     ratio = f"{max(loops[0], loops[2]) / plain[0]:.2f}"
                 lines.append(
-                    f"| {kernel} | {hd} | {tiles} | {version} | {feature} | {' · '.join(map(str, loops))} | "
+                    f"| {kernel} | {hd} | {tiles} | {version} | {feature} | {_loops(loops)} | "
                     f"{per_score} | {ratio} |"
                 )
     return "\n".join(lines)
@@ -234,7 +234,7 @@ def table(rows: list[dict], chosen: dict) -> str:
             f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
             f"{r['registers']} | "
             f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
-            f"{r['instructions']} | {r['branch_loads']} | {_loops(r)} |"
+            f"{r['instructions']} | {r['branch_loads']} | {_loops(r.get('tile_loops', []))} |"
         )
     return "\n".join(lines)
 

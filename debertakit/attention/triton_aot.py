@@ -76,12 +76,11 @@ def tile_loops(sass: str) -> list[int]:
     lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
     bodies = []
     for addr, op, rest in lines:
-        target = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None
-        if (
-            target is None or int(target.group(1), 16) >= addr
-        ):  # forward, or the listing's closing self-branch
+        found = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None
+        target = int(found.group(1), 16) if found else addr
+        if target >= addr:  # not a branch, a forward one, or the listing's closing self-branch
             continue
-        body = [o for a, o, _ in lines if int(target.group(1), 16) <= a <= addr]
+        body = [o for a, o, _ in lines if target <= a <= addr]
         if any(o.split(".")[0] in MMA_OPS for o in body):
             bodies.append(len(body))
     return bodies
