@@ -343,7 +343,7 @@ def _position_inputs(
     ij: bool,
     dropout: bool,
     k_mask: Tensor | None,
-    sat: int,
+    far_tiles: bool,
     kernels: tuple[str, ...],
 ) -> _PositionInputs:
     skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
@@ -351,10 +351,9 @@ def _position_inputs(
     k_heads = _per_head(k) if p2c else None
     query_rows = q.shape[0] * q.shape[2]
     row, col = _tables(q_heads, k_heads, query_rows, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
-    # at distance i - j no pair is saturated (|i - j| >= sat) when both sides have at most sat rows: no far tile
-    # reads FAR then, and short inputs (most calls) launch nothing to build it
-    far_tiles = not ij or max(q.shape[2], k.shape[2]) > sat
-    far = None
+    far = (
+        None  # built only where a far tile may read it (`triton_attention`): most calls launch nothing for it
+    )
     if (row is not None or col is not None) and far_tiles:
         far = _far_columns(col, lut, skew, k_mask, (q.shape[1], k.shape[0], k.shape[2]), q.device)
     PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
@@ -433,6 +432,7 @@ def _fwd_op(
     p2p: bool,
     causal: bool,
     ij: bool,
+    far_tiles: bool,
     drop_t: int,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, logsumexp (B, H, Nq) float32 in base 2 (see `triton_kernels`); +inf on
@@ -442,7 +442,7 @@ def _fwd_op(
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, sat, FORWARD
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD
         )
         out = torch.empty_like(q)
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
@@ -536,6 +536,7 @@ def _bwd_op(
     p2p: bool,
     causal: bool,
     ij: bool,
+    far_tiles: bool,
     drop_t: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
@@ -544,7 +545,7 @@ def _bwd_op(
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, sat, BACKWARD
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD
         )
         W = 2 * sat + 1
         dout, out = _like(dout, q), _like(out, q)  # read through q's strides
@@ -630,7 +631,7 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 24
+_N_FWD_INPUTS = 25
 _N_FWD_TENSORS = 16  # q … q_hi, seed; the rest are scalars
 
 
@@ -748,6 +749,15 @@ def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple
     return lo, hi, lut.to(torch.int32)
 
 
+def _far_tiles(geom: Geometry, ij: bool, sat: int, NQ: int, NK: int) -> bool:
+    """Whether a far tile (every pair ``sat`` or more apart) may occur, so that the kernels read FAR
+    (`_far_columns`). At distance i - j none does when no visible pair is that far apart: neither side longer
+    than ``sat`` (512 for DeBERTa-v3 base), or a packed row, however long, whose sequences are no longer. There
+    every block a program's loop visits holds a key of a sequence one of its rows belongs to (`_key_ranges`), a
+    pair less than ``sat`` apart, so the block's tile is not far. Elsewhere FAR costs 2-4 launches per call."""
+    return not ij or geom.max_distance(NQ, NK) >= sat
+
+
 def triton_attention(
     q: Tensor,
     k: Tensor,
@@ -796,6 +806,7 @@ def triton_attention(
         )
         return out[..., :D], None
     device = q.device
+    ij = geom.distance_is_i_minus_j()
     q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = geom.cached(
         ("triton", B, NQ, NK, device), lambda: _geometry_inputs(geom, B, NQ, NK, device)
     )
@@ -848,7 +859,8 @@ def triton_attention(
         p2c,
         p2p,
         bool(geom.causal),
-        geom.distance_is_i_minus_j(),
+        ij,
+        _far_tiles(geom, ij, sat, NQ, NK),
         drop_t,
     )
     return out.to(v.dtype), None

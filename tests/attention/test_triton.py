@@ -1548,6 +1548,25 @@ def test_far_columns_are_built_only_where_far_tiles_can_occur(monkeypatch):
     assert ragged["forward"]["launches"] == {"bmm": 2, "index": 2, "fill_": 1, "copy_": 1}
 
 
+@pytest.mark.parametrize(
+    "cu_seqlens, built",
+    [((0, 12, 28, 35, 51, 66), 0), ((0, 5, 38, 40, 66), 2)],
+    ids=["sequences_within_sat", "a_sequence_beyond_sat"],
+)
+def test_packed_rows_build_far_columns_only_for_sequences_longer_than_sat(monkeypatch, cu_seqlens, built):
+    """A packed row longer than the saturation distance (16 here) holds no far tile when none of its sequences
+    is longer (the loops visit only blocks of their rows' sequences): no FAR, forward or backward; one of 33
+    tokens needs it in both. The results match eager either way (a far tile reading the absent FAR would not)."""
+    calls = []
+    far_columns = triton_backend._far_columns
+    monkeypatch.setattr(triton_backend, "_far_columns", lambda *a: calls.append(a[-2]) or far_columns(*a))
+    c = Case(n=70, cu_seqlens=cu_seqlens)
+    lengths = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+    assert c.rel.saturation == 16 and max(lengths) == (16 if built == 0 else 33)
+    _compare(c, torch.float32, DEVICE)
+    assert len(calls) == built
+
+
 def test_backward_writes_no_float32_gradient_of_table_size(monkeypatch):
     """The backward's float32 buffers the size of an N×R table are the two recomputed tables, ROW and COL, and
     nothing else: the distance buffers hold the inputs' dtype and are folded by matmuls, not into (N, R) row
