@@ -88,18 +88,18 @@ KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 GPU_TILES = {
     64: {
         "_fwd_kernel": Tiles(64, 64, 8, 2),
-        "_dq_kernel": Tiles(64, 32, 8, 2),
-        "_dkv_kernel": Tiles(64, 16, 8, 2),
+        "_dq_kernel": Tiles(64, 64, 8, 2),
+        "_dkv_kernel": Tiles(32, 64, 8, 2),
     },
     128: {
         "_fwd_kernel": Tiles(64, 32, 8, 2),
-        "_dq_kernel": Tiles(64, 32, 8, 2),
+        "_dq_kernel": Tiles(128, 16, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 8, 2),
     },
 }
 DROPOUT_TILES = {
     64: {
-        "_fwd_kernel": Tiles(128, 32, 8, 2),
+        "_dq_kernel": Tiles(64, 32, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 4, 2),
     },
     128: {},
@@ -121,19 +121,19 @@ SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 4, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 4, 2),
+        "_dkv_kernel": Tiles(32, 16, 4, 2),
     },
     # head dim 128: no dQ or dK/dV tile compiles without spills under both Triton releases, so the skewed road
     # serves the forward only there
     128: {
-        "_fwd_kernel": Tiles(16, 32, 4, 2),
+        "_fwd_kernel": Tiles(16, 32, 8, 2),
     },
 }
 SKEW_DROPOUT_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 8, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 4, 2),
+        "_dkv_kernel": Tiles(16, 32, 8, 2),
     },
     128: {
         "_fwd_kernel": Tiles(16, 32, 4, 2),

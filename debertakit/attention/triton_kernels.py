@@ -190,15 +190,20 @@ def _runs(
 
 
 @triton.jit
-def _visible(
-    m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, before,
-    HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
-):  # fmt: skip
-    """(BLOCK_M, BLOCK_N) bool: query i may attend key j. ``before``: every key of the tile lies before every
-    query (a far-right tile at distance i - j), so a causal mask hides nothing there."""
-    allowed = m_in[:, None] & n_in[None, :]
+def _shown_keys(n_in, offs_n, KMASK, HAS_KMASK: tl.constexpr):
+    """(BLOCK_N,) bool: the tile's keys inside the sequence and not masked."""
     if HAS_KMASK:
-        allowed = allowed & (tl.load(KMASK + offs_n, mask=n_in, other=0) != 0)[None, :]
+        return n_in & (tl.load(KMASK + offs_n, mask=n_in, other=0) != 0)
+    return n_in
+
+
+@triton.jit
+def _visible(
+    m_in, n_in, shown, qpos, kpos, qseg, offs_n, KSEG, before, HAS_SEG: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_M, BLOCK_N) bool: query i may attend key j (``shown``: `_shown_keys`). ``before``: every key of the
+    tile lies before every query (a far-right tile at distance i - j), so a causal mask hides nothing there."""
+    allowed = m_in[:, None] & shown[None, :]
     if HAS_SEG:
         kseg = tl.load(KSEG + offs_n, mask=n_in, other=-1)
         allowed = allowed & (qseg[:, None] == kseg[None, :])
@@ -267,22 +272,24 @@ def _tile(
     whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
     the program's (b, h) (tensors) or b (positions, masks); offsets inside are 32-bit.
 
-    In the far runs at distance i - j without segments, the hidden pairs are whole columns: keys past the
-    sequence's end or masked (a causal mask hides nothing in far-right tiles, whose keys lie at least SAT
-    before their queries). Their column value (`_far_col`) is -inf, so such a tile applies no per-element mask
-    and loads no key mask. Its rows past the queries' end keep their scores: the forward and dQ kernels never
-    store them, and the dK/dV kernel reads ``lse = inf`` for them, so their probabilities are 0."""
+    Without segments or a causal mask, and in the far-right tiles at distance i - j with a causal one (their keys
+    lie at least SAT before their queries), the hidden pairs are whole columns: keys past the sequence's end or
+    masked. The tile then applies no mask per pair: a far tile's column value (`_far_col`) is -inf there, and
+    other tiles add a bias per column, 0 or -inf. Rows past the queries' end keep their scores: the forward and
+    dQ kernels never store them, and the dK/dV kernel reads ``lse = inf`` for them, so their probabilities are
+    0. In every tile the near band's gathers load without a mask: rows and columns past the end read row /
+    column 0, and what hidden pairs read is discarded."""
     tl.static_assert(FAR_PAD % BLOCK_N == 0, "FAR's rows are padded for key blocks dividing FAR_PAD")
     kpos = _positions(KPOS, offs_n, n_in, IJ)
-    # known at compile time; not a constexpr under Triton 3.6 (see open_tile below), its branch folded all the same
+    # KIND is known at compile time; under Triton 3.6 it arrives as a constant scalar, not a constexpr, so the
+    # flags below are plain booleans there, their branches folded all the same
     before = KIND == _FAR_RIGHT
-    allowed = _visible(m_in, n_in, qpos, kpos, qseg, offs_n, KSEG, KMASK, before, HAS_SEG, HAS_KMASK, CAUSAL)
+    shown = _shown_keys(n_in, offs_n, KMASK, HAS_KMASK)
+    allowed = _visible(m_in, n_in, shown, qpos, kpos, qseg, offs_n, KSEG, before, HAS_SEG, CAUSAL)
     far_left, far_right = _far(
         start_m, start_n, qpos_min, qpos_max, kpos, n_in, SAT, BLOCK_M, BLOCK_N, IJ, KIND
     )
-    # far tiles whose hidden pairs are whole columns (see above): no mask per pair. Known at compile time, but
-    # not a constexpr under Triton 3.6, where KIND arrives as a constant scalar: its branches are folded away
-    open_tile = (before or (KIND == _FAR_LEFT and not CAUSAL)) and not HAS_SEG
+    by_columns = not HAS_SEG and (before or not CAUSAL)  # the hidden pairs are whole columns (see above)
     s = _mm(q, tl.trans(k), PREC) * log2_scale
     if HAS_ROW or HAS_COL:
         if far_right:
@@ -304,11 +311,15 @@ def _tile(
             delta = qpos[:, None] - kpos[None, :]
             ridx = tl.load(LUT + tl.minimum(tl.maximum(delta, -SAT), SAT) + SAT)
             if HAS_ROW:
-                s += tl.load(ROW + (offs_m[:, None] * R + ridx), mask=allowed, other=0.0) * log2_scale
+                rows = tl.where(m_in, offs_m, 0)  # in bounds: no load mask (see above)
+                s += tl.load(ROW + (rows[:, None] * R + ridx)) * log2_scale
             if HAS_COL:
-                s += tl.load(COL + (offs_n[None, :] * R + ridx), mask=allowed, other=0.0) * log2_scale
-    if not open_tile:
+                cols = tl.where(n_in, offs_n, 0)
+                s += tl.load(COL + (cols[None, :] * R + ridx)) * log2_scale
+    if not by_columns:
         s = tl.where(allowed, s, float("-inf"))
+    elif not (before or KIND == _FAR_LEFT):  # (far tiles: FAR's -inf)
+        s += tl.where(shown, 0.0, float("-inf"))[None, :]
     return s, allowed, kpos, far_left, far_right
 
 

@@ -91,6 +91,8 @@ GRID = {
     "cross_nq_lt_nk": Case(n=20, n_k=45),
     "cross_nq_gt_nk": Case(n=45, n_k=20, rel=CLAMP),
     "explicit_positions": Case(n=20, n_k=45, q_offset=25, causal=True),
+    # loaded positions with hidden pairs only in whole columns: a bias per column, far tiles found at run time
+    "explicit_positions_padding": Case(n=20, n_k=45, batch=2, q_offset=25, key_lengths=(45, 30)),
     "d64_heads2": Case(n=20, heads=2, dim=64),
     "d128_v1_padding": Case(n=18, batch=2, dim=128, rel=CLAMP, key_lengths=(18, 7)),
     "d8_zero_padded_to_16": Case(n=33, dim=8),
