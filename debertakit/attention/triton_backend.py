@@ -351,9 +351,8 @@ def _position_inputs(
     k_heads = _per_head(k) if p2c else None
     query_rows = q.shape[0] * q.shape[2]
     row, col = _tables(q_heads, k_heads, query_rows, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
-    far = (
-        None  # built only where a far tile may read it (`triton_attention`): most calls launch nothing for it
-    )
+    # FAR only where a far tile may read it (`_far_tiles`): most calls launch nothing for it
+    far = None
     if (row is not None or col is not None) and far_tiles:
         far = _far_columns(col, lut, skew, k_mask, (q.shape[1], k.shape[0], k.shape[2]), q.device)
     PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
@@ -754,7 +753,7 @@ def _far_tiles(geom: Geometry, ij: bool, sat: int, NQ: int, NK: int) -> bool:
     (`_far_columns`). At distance i - j none does when no visible pair is that far apart: neither side longer
     than ``sat`` (512 for DeBERTa-v3 base), or a packed row, however long, whose sequences are no longer. There
     every block a program's loop visits holds a key of a sequence one of its rows belongs to (`_key_ranges`), a
-    pair less than ``sat`` apart, so the block's tile is not far. Elsewhere FAR costs 2-4 launches per call."""
+    pair less than ``sat`` apart, so the block's tile is not far. Elsewhere FAR costs 2-4 launches per direction."""
     return not ij or geom.max_distance(NQ, NK) >= sat
 
 
