@@ -1531,6 +1531,14 @@ def test_far_columns_hold_cols_saturated_values_and_hide_masked_keys():
     assert exact.shape[-1] == 128 and not torch.isinf(exact).any()  # no padding where Nk is a multiple
 
 
+def _record_far_builds(monkeypatch) -> list[tuple[int, int, int]]:
+    """The (H, B, Nk) of every FAR the op builds from now on (`triton_backend._far_columns` still runs)."""
+    built = []
+    far_columns = triton_backend._far_columns
+    monkeypatch.setattr(triton_backend, "_far_columns", lambda *a: built.append(a[-2]) or far_columns(*a))
+    return built
+
+
 def test_far_columns_are_built_only_where_far_tiles_can_occur(monkeypatch):
     """At distance i - j no pair is saturated when neither side is longer than the saturation distance (512 for
     DeBERTa-v3 base): such calls, most of them, build no FAR and launch nothing for it. Longer ones pay two
@@ -1538,9 +1546,7 @@ def test_far_columns_are_built_only_where_far_tiles_can_occur(monkeypatch):
     of FAR_PAD (the padding's fill)."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", False)
     bench = _benchmark_module("triton_host_cost")
-    built = []
-    far_columns = triton_backend._far_columns
-    monkeypatch.setattr(triton_backend, "_far_columns", lambda *a: built.append(a[-2]) or far_columns(*a))
+    built = _record_far_builds(monkeypatch)
     short = bench.measure(512, 1024, 2, 64, "tables")
     assert built == [] and short["forward"]["launches"] == {"bmm": 2}
     long = bench.measure(1024, 2048, 2, 64, "tables")
@@ -1559,9 +1565,7 @@ def test_packed_rows_build_far_columns_only_for_sequences_longer_than_sat(monkey
     """A packed row longer than the saturation distance (16 here) holds no far tile when none of its sequences
     is longer (the loops visit only blocks of their rows' sequences): no FAR, forward or backward; one of 33
     tokens needs it in both. The results match eager either way (a far tile reading the absent FAR would not)."""
-    calls = []
-    far_columns = triton_backend._far_columns
-    monkeypatch.setattr(triton_backend, "_far_columns", lambda *a: calls.append(a[-2]) or far_columns(*a))
+    calls = _record_far_builds(monkeypatch)
     c = Case(n=70, cu_seqlens=cu_seqlens)
     lengths = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
     assert c.rel.saturation == 16 and max(lengths) == (16 if built == 0 else 33)
