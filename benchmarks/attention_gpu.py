@@ -36,6 +36,9 @@ Sections (all bfloat16 on one CUDA device):
    kernels of ``--tile-kernels`` (all three by default; one kernel alone, the others keep their tiles, times
    that kernel's choice: the forward's in the forward column, a backward kernel's in forward+backward) on the
    near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`).
+   ``profile`` (not run by default): the three ``triton`` rows of ``attention`` with their GPU time split by
+   kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work around them
+   (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows named.
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -45,6 +48,8 @@ Usage::
     python benchmarks/attention_gpu.py                 # everything; table + benchmarks/results/attention_gpu.json
     python benchmarks/attention_gpu.py --sections attention --lengths 512 2048 8192
     python benchmarks/attention_gpu.py --sections tiles --lengths 512 2048 8192 --out /tmp/tiles.json
+    python benchmarks/attention_gpu.py --sections profile --lengths 512 4096 16384 --out /tmp/profile.json
+    python benchmarks/attention_gpu.py --sections attention --impls triton "sdpa (no position terms)"
     python benchmarks/attention_gpu.py --smoke --out /tmp/smoke.json
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
                                                        # runs end to end; its timings mean nothing
@@ -90,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sections", nargs="+", default=["attention", "dropout", "long", "model", "packed"])
     p.add_argument("--dropout", type=float, default=0.1, help="probability of the dropout rows")
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        help="the rows `attention` measures (default: all), e.g. triton 'sdpa (no position terms)' flashdeberta",
+    )
     p.add_argument(
         "--long-lengths", nargs="+", type=int, default=[16384, 32768, 65536], help="batch-1 lengths of `long`"
     )
@@ -196,12 +206,19 @@ Unit = tuple[str, Callable[[], list[dict]]]  # (what it measures, e.g. "attentio
 
 
 def attention_section(args, device: str, dtype) -> Iterator[Unit]:
+    only = None if args.impls is None else tuple(args.impls)
     for n in args.lengths:
-        yield f"attention N={n}", functools.partial(_attention_rows, args, n, device, dtype)
+        yield f"attention N={n}", functools.partial(_attention_rows, args, n, device, dtype, only)
 
 
 def _attention_rows(
-    args, n: int, device: str, dtype, only: tuple[str, ...] | None = None, dropout_p: float = 0.0
+    args,
+    n: int,
+    device: str,
+    dtype,
+    only: tuple[str, ...] | None = None,
+    dropout_p: float = 0.0,
+    timer: Callable[[Callable[[], object], str], dict] = bench,
 ) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -283,8 +300,8 @@ def _attention_rows(
         row = {"section": "attention", "impl": name, "n": n, "batch": batch, "heads": H, "head_dim": D}
         if reference is not None and name not in OTHER_FUNCTIONS:
             row["max_diff_vs_triton"] = _max_diff(fwd, reference)
-        row.update(_rate("fwd", bench(fwd_only, device), flops))
-        row.update(_rate("fwd_bwd", bench(fwd_bwd, device), 3.5 * flops))
+        row.update(_rate("fwd", timer(fwd_only, device), flops))
+        row.update(_rate("fwd_bwd", timer(fwd_bwd, device), 3.5 * flops))
         rows.append(row)
         print(_fmt(row), flush=True)
     return rows
@@ -420,6 +437,66 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
             yield f"tiles {spec}{suffix} N={n}", functools.partial(measure, tiles, n)
 
 
+# -------------------------------------------------------------------------------------- 1e. kernel profile
+PROFILE_CALLS = 5  # calls profiled per measurement, after one warm-up call
+
+
+def profile_kernels(fn: Callable[[], object], device: str) -> dict:
+    """Where ``fn``'s time goes: time per call of each kernel it launches (ms, by kernel name, largest first,
+    from `torch.profiler`), their sum as ``ms``. Kernels only, so launch gaps and host work are not in it;
+    compare ``ms`` with the `attention` row's wall time to see them. On CPU (``--smoke``) the operators'
+    CPU time stands in."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device == "cuda"
+    try:
+        fn()  # warm-up: compilation, allocator
+        activity = ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU
+        with profile(activities=[activity]) as prof:
+            for _ in range(PROFILE_CALLS):
+                fn()
+            if gpu:
+                torch.cuda.synchronize()
+    except torch.OutOfMemoryError:
+        return {"error": "OOM"}
+    except cannot_run() as e:
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    times: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = e.self_device_time_total if gpu else e.self_cpu_time_total
+        if us > 0 and (not gpu or e.device_type == torch.autograd.DeviceType.CUDA):
+            times[e.key[:120]] = times.get(e.key[:120], 0.0) + us / 1e3 / PROFILE_CALLS
+    kernels = {k: round(v, 4) for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
+    return {"ms": sum(kernels.values()), "peak_gib": None, "kernels": kernels}
+
+
+def profile_section(args, device: str, dtype) -> Iterator[Unit]:
+    """The `triton` rows of ``attention`` (each near-band road) with their GPU time split by kernel: how much
+    is the fused kernels and how much the work around them (the N×R tables, FAR, copies)."""
+
+    def measure(n: int) -> list[dict]:
+        rows = _attention_rows(args, n, device, dtype, only=TRITON_ROWS, timer=profile_kernels)
+        return [{**r, "section": "profile"} for r in rows]
+
+    for n in args.lengths:
+        yield f"profile N={n}", functools.partial(measure, n)
+
+
+def print_profile(rows: list[dict]) -> None:
+    """Per `profile` row: the kernels' summed time and the largest kernels' share, forward and backward."""
+    for r in rows:
+        for prefix in ("fwd", "fwd_bwd"):
+            kernels = r.get(f"{prefix}_kernels_ms")
+            if not kernels:
+                continue
+            total = sum(kernels.values())
+            top = "; ".join(f"{name[:48]} {ms:.3f}" for name, ms in list(kernels.items())[:6])
+            print(
+                f"{r['impl']:20s} N={r['n']:<6d} {prefix:7s} {total:8.3f} ms in {len(kernels):2d} kernels: {top}"
+            )
+
+
 # ------------------------------------------------------------------------------------------------ targets
 TARGETS = (
     "issue targets (H100/H200, bf16): triton forward >= 100 TFLOP/s at N >= 2048 and >= 60 at N = 512; "
@@ -478,11 +555,14 @@ def _ok(got, want) -> str:
 def _rate(prefix: str, r: dict, flops: float) -> dict:
     if "error" in r:
         return {f"{prefix}_error": r["error"]}
-    return {
+    rate = {
         f"{prefix}_ms": round(r["ms"], 4),
         f"{prefix}_tflops": round(flops / (r["ms"] * 1e-3) / 1e12, 2),
         f"{prefix}_peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
     }
+    if "kernels" in r:  # the `profile` section's breakdown
+        rate[f"{prefix}_kernels_ms"] = r["kernels"]
+    return rate
 
 
 def _flashdeberta(q, k, v, pos_q, pos_k, scale):
@@ -718,11 +798,19 @@ def _version(module: str) -> str | None:
 def environment(device: str) -> dict:
     import torch
 
+    from debertakit.attention import triton_backend
+
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        # the `triton` rows' tiles (the tables change as timings come in)
+        "gpu_tiles": {
+            f"d{hd} {name}": str(tiles)
+            for hd, kernels in triton_backend.GPU_TILES.items()
+            for name, tiles in kernels.items()
+        },
     }
     for mod in ("triton", "transformers", "flashdeberta"):
         env[mod] = _version(mod)
@@ -744,7 +832,11 @@ def print_table(rows: list[dict]) -> None:
             diff = r.get("max_diff_vs_triton")
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s} {'' if diff is None else f'{diff:.2e}':>13s}")  # fmt: skip
-    other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles")]
+    profiled = [r for r in rows if r["section"] == "profile"]
+    if profiled:
+        print("\nkernel time per call (ms, torch.profiler), the largest kernels first")
+        print_profile(profiled)
+    other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles", "profile")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s and ms per call")
         for r in other:
@@ -822,6 +914,7 @@ SECTIONS = {
     "dropout": dropout_section,
     "long": long_section,
     "tiles": tiles_section,
+    "profile": profile_section,
     "model": model_section,
     "packed": packed_section,
 }

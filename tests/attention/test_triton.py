@@ -1466,6 +1466,26 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     assert any(v.startswith("triton skew long N=32 batch 1: runs") for v in result["verdicts"])
 
 
+def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
+    """``--sections profile``: each road's `triton` row with its time split by kernel (summing to the row's
+    time); ``--impls`` keeps only the named rows of ``attention``."""
+    import json
+
+    out = tmp_path / "profile.json"
+    args = ["--smoke", "--sections", "attention", "profile", "--lengths", "16", "--impls", "triton"]
+    assert _benchmark_module().main([*args, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows if r["section"] == "attention"] == ["triton"]
+    profiled = [r for r in rows if r["section"] == "profile"]
+    assert [r["impl"] for r in profiled] == ["triton", "triton skew-forward", "triton skew"]
+    for r in profiled:
+        for prefix in ("fwd", "fwd_bwd"):
+            kernels = r[f"{prefix}_kernels_ms"]
+            assert kernels and all(ms > 0 for ms in kernels.values())
+            assert abs(sum(kernels.values()) - r[f"{prefix}_ms"]) < 1e-3 * len(kernels)
+    assert "kernel time per call" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------ work around the kernels
 def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     """Around its kernels a call computes the N×R tables and folds the backward's distance buffers. On a GPU
