@@ -123,6 +123,8 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "fp32"
         elif name == "SEED":  # the dropout seed, one int64 (see `triton_backend._draw_seed`)
             sig[name] = "*i64"
+        elif name == "OUT" and constexprs.get("DROPOUT"):  # float32 with dropout (`_out_dtype`)
+            sig[name] = "*fp32"
         else:  # Q K V DO OUT: the input dtype
             sig[name] = "*" + dtype
     return sig
