@@ -151,8 +151,10 @@ def _grad_out(out: torch.Tensor) -> torch.Tensor:
 def _reference_inputs(inputs, device: str) -> list:
     """The inputs the reference runs on: the same tensors on CPU; on a GPU float32 copies of them (exact), so
     that 16-bit kernels are held to eager's float32 result at real sizes, not to eager's own 16-bit rounding."""
-    if device != "cuda":
-        return list(inputs)
+    return _float32_copies(inputs) if device == "cuda" else list(inputs)
+
+
+def _float32_copies(inputs) -> list:
     return [None if t is None else t.detach().float().requires_grad_() for t in inputs]
 
 
@@ -701,8 +703,7 @@ def test_bfloat16_dropout_gradients_are_as_close_to_float32_as_without_dropout(m
     inputs = _inputs(c, torch.bfloat16, DEVICE)
     out, grads = _run(triton_attention, c, inputs, geom, dropout_p=0.1)
     keep = dropout_keep_mask(int(seeds[0]), c.batch, c.heads, c.n, c.n, 0.1, DEVICE)
-    exact = [None if t is None else t.detach().float().requires_grad_() for t in inputs]
-    ref, ref_grads = _eager_with_mask(c, exact, geom, keep, 0.1, _grad_out(out))
+    ref, ref_grads = _eager_with_mask(c, _float32_copies(inputs), geom, keep, 0.1, _grad_out(out))
     for name, a, b in zip(["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (out, *grads), (ref, *ref_grads)):
         err = (a.float() - b).abs().max().item() / b.abs().max().item()
         assert err < 1e-2, (name, err)
