@@ -166,32 +166,41 @@ def cannot_run() -> tuple[type[Exception], ...]:
     return (*errors, TritonError)
 
 
-def bench(fn: Callable[[], object], device: str) -> dict:
-    """Median time (ms) and peak memory above the baseline (GiB) of ``fn``; 'OOM' when it does not fit."""
+def _or_error(measure: Callable[[], dict]) -> dict:
+    """``measure()``, or ``{"error": ...}`` for a row that cannot run the shape: 'OOM' when it does not fit,
+    else the exception's first line."""
     import torch
 
     try:
-        fn()  # warm-up: compilation, autotuning, allocator
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            fn()
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-            from triton.testing import do_bench
-
-            ms = do_bench(fn, warmup=10, rep=100, return_mode="median")
-        else:
-            peak = None
-            t = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t) * 1e3
-        return {"ms": ms, "peak_gib": peak}
+        return measure()
     except torch.OutOfMemoryError:
         return {"error": "OOM"}
     except cannot_run() as e:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+
+
+def bench(fn: Callable[[], object], device: str) -> dict:
+    """Median time (ms) and peak memory above the baseline (GiB) of ``fn``; 'OOM' when it does not fit."""
+    import torch
+
+    def measure() -> dict:
+        fn()  # warm-up: compilation, autotuning, allocator
+        if device != "cuda":
+            t = time.perf_counter()
+            fn()
+            return {"ms": (time.perf_counter() - t) * 1e3, "peak_gib": None}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+        from triton.testing import do_bench
+
+        return {"ms": do_bench(fn, warmup=10, rep=100, return_mode="median"), "peak_gib": peak}
+
+    try:
+        return _or_error(measure)
     finally:
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -450,7 +459,8 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     gpu = device == "cuda"
-    try:
+
+    def measure() -> dict:
         fn()  # warm-up: compilation, allocator
         activity = ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU
         with profile(activities=[activity]) as prof:
@@ -458,12 +468,13 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
                 fn()
             if gpu:
                 torch.cuda.synchronize()
-    except torch.OutOfMemoryError:
-        return {"error": "OOM"}
-    except cannot_run() as e:
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+        return {"prof": prof}
+
+    result = _or_error(measure)
+    if "error" in result:
+        return result
     times: dict[str, float] = {}
-    for e in prof.key_averages():
+    for e in result["prof"].key_averages():
         us = e.self_device_time_total if gpu else e.self_cpu_time_total
         if us > 0 and (not gpu or e.device_type == torch.autograd.DeviceType.CUDA):
             times[e.key[:120]] = times.get(e.key[:120], 0.0) + us / 1e3 / PROFILE_CALLS
@@ -490,7 +501,7 @@ def print_profile(rows: list[dict]) -> None:
             kernels = r.get(f"{prefix}_kernels_ms")
             if not kernels:
                 continue
-            total = sum(kernels.values())
+            total = r[f"{prefix}_ms"]
             top = "; ".join(f"{name[:48]} {ms:.3f}" for name, ms in list(kernels.items())[:6])
             print(
                 f"{r['impl']:20s} N={r['n']:<6d} {prefix:7s} {total:8.3f} ms in {len(kernels):2d} kernels: {top}"
@@ -795,22 +806,26 @@ def _version(module: str) -> str | None:
         return "unknown"
 
 
+def gpu_tiles() -> dict[str, str]:
+    """`triton_backend.GPU_TILES` as the results files record it: "d64 _fwd_kernel" -> "64x32 w4 s2"."""
+    from debertakit.attention import triton_backend
+
+    return {
+        f"d{hd} {name}": str(t)
+        for hd, kernels in triton_backend.GPU_TILES.items()
+        for name, t in kernels.items()
+    }
+
+
 def environment(device: str) -> dict:
     import torch
-
-    from debertakit.attention import triton_backend
 
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-        # the `triton` rows' tiles (the tables change as timings come in)
-        "gpu_tiles": {
-            f"d{hd} {name}": str(tiles)
-            for hd, kernels in triton_backend.GPU_TILES.items()
-            for name, tiles in kernels.items()
-        },
+        "gpu_tiles": gpu_tiles(),  # the `triton` rows' tiles (the tables change as timings come in)
     }
     for mod in ("triton", "transformers", "flashdeberta"):
         env[mod] = _version(mod)
