@@ -473,9 +473,10 @@ def _out_dtype(q: Tensor, drop_t: int) -> torch.dtype:
     """The forward's output dtype: q's, or float32 with dropout. The backward's DELTA = dO·O per row stands for
     Σ_j P·dP, exactly only with the exact O. With dropout a row's O is not a convex combination of the values
     but 1/(1 - p) times a part of one, rounded: in 16 bits that rounding passes into every dS of the row, and
-    dK sums it over the rows (bfloat16, N = 130 with padding, dropout 0.1, against float32 eager: dK off by
-    4.9% of its largest value, 0.4% without dropout). So the forward writes O in float32 there, the caller
-    rounds the copy it returns, and the backward reads the exact one."""
+    dK sums it over the rows (`test_bfloat16_dropout_gradients_are_as_close_to_float32_as_without_dropout`:
+    bfloat16, N = 64, padded rows, against float32 eager, dK off by 3.6% of its largest value with a 16-bit O,
+    0.4% with this one). So the forward writes O in float32 there, the caller rounds the copy it returns, and
+    the backward reads the exact one."""
     return torch.float32 if drop_t > 0 else q.dtype
 
 
