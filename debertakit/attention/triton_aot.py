@@ -24,7 +24,9 @@ INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI"
 # DV and the distance buffers hold the inputs' dtype
 F32_POINTERS = {"ROW", "COL", "FAR", "LSE", "DELTA", "DQ", "DK"}
 STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) activations, in elements
-INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *STRIDES}
+# the distance buffers' row stride, a multiple of 16 cells (`triton_backend.DIST_ALIGN`)
+ALIGNED_INTS = {*STRIDES, "DW"}
+INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
 FLOATS = {"scale", "drop_scale"}
 FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW")
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
@@ -133,8 +135,9 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
 def attributes(fn, sig: dict) -> dict:
     """What a launch tells the compiler about the arguments (Triton's ``D`` specialisation, "divisible by 16"):
     PyTorch's allocator aligns pointers to 16 bytes and the activations' strides are multiples of 16 elements for
-    the head dims served, so the code compiled here can use vector loads, as the code compiled at run time does."""
-    aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in STRIDES]
+    the head dims served (the distance buffers' row stride by construction), so the code compiled here can use
+    vector loads, as the code compiled at run time does."""
+    aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in ALIGNED_INTS]
     return {(i,): [["tt.divisibility", 16]] for i in aligned}
 
 

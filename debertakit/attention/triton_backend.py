@@ -91,7 +91,8 @@ GPU_TILES = {
     # static choice (forward and dQ 64x64 w8, dK/dV 32x64 w8), forward+backward 72 against 55 TFLOP/s at N = 8192
     # and 101 against 67 at 16384, forward 133 against 76 at 16384 (the forward at 64x32 w4 takes 163 registers
     # a thread under Triton 3.6: three programs fit an SM's registers, where one 64x64 w8 program did).
-    # dK/dV at 64x32 w4 spills 8 bytes under Triton 3.6 (more in the rarer feature sets): timed faster anyway
+    # dK/dV at 64x32 w4 spills in the static report (24 bytes under Triton 3.9 in the v3 set, more in the rarer
+    # feature sets): timed faster anyway
     64: {
         "_fwd_kernel": Tiles(64, 32, 4, 2),
         "_dq_kernel": Tiles(64, 32, 4, 2),
@@ -140,9 +141,9 @@ SKEW_TILES = {
 }
 SKEW_DROPOUT_TILES = {
     64: {
-        "_fwd_kernel": Tiles(32, 32, 8, 2),
+        "_fwd_kernel": Tiles(32, 32, 4, 2),
         "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(16, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     128: {
         "_fwd_kernel": Tiles(16, 32, 4, 2),
@@ -214,7 +215,7 @@ def _uses_skew(
 
 def _end_rows(lut: Tensor) -> Tensor:
     """The table rows of the two saturated ends, left and right: the first and last LUT entry (the kernels'
-    `_ends`). A view: int32 indexes as well as int64."""
+    `_ends`; the LUT's padding repeats its right end, `_lut`). A view: int32 indexes as well as int64."""
     return lut[:: lut.numel() - 1]
 
 
@@ -490,23 +491,39 @@ def _(q, k, v, *args):
 POISON_DISTANCE_BUFFERS = False
 
 
-def _distance_buffer(heads: int, rows: int, width: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:
-    """A distance-space gradient buffer (H, B·N, W). At distance i - j the backward kernels write every cell,
-    zeros included (`triton_kernels._table_grad`, `_zero_unvisited`): it is allocated without a fill, which
-    would write the whole buffer once more (at v3-base sizes a fifth to a quarter of the backward's traffic
-    outside the kernels: `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs
-    only: zero-filled."""
+# The distance buffers' rows are padded to a multiple of this many cells. cuBLAS's tensor-core kernels read
+# 16-byte vectors and ask for operands, row strides and dimensions aligned to them (its documentation's tensor
+# core restrictions); at v3's 2·512 + 1 = 1025 cells, an odd row stride, the folds' four products ran on a
+# one-element-aligned kernel (`cutlass_75_..._align1`), 1.9 ms of the backward at every N on an H100
+# (`benchmarks/attention_gpu.py --sections profile`; README, "Measured on an H100"). Sixteen cells also let
+# Triton specialise the kernels' row stride ``DW`` as divisible by 16, as it does the activations' strides.
+DIST_ALIGN = 16
+
+
+def _distance_stride(sat: int) -> int:
+    """The distance buffers' row stride: their 2·sat + 1 cells rounded up to `DIST_ALIGN`."""
+    return triton_cdiv(2 * sat + 1, DIST_ALIGN) * DIST_ALIGN
+
+
+def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:
+    """A distance-space gradient buffer (H, B·N, W'): each row's W = 2·sat + 1 cells, then zero columns up to
+    W' (``stride``: the kernels' row stride ``DW``, `_distance_stride`). At distance i - j the
+    backward kernels write every cell, zeros included (`triton_kernels._table_grad`, `_zero_unvisited`, the
+    padding in `_store_row_ends`): the buffer is allocated without a fill, which would write it whole once more
+    (at v3-base sizes a fifth to a quarter of the backward's traffic outside the kernels:
+    `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled."""
     if not ij:
-        return torch.zeros((heads, rows, width), dtype=dtype, device=dev)
-    buffer = torch.empty((heads, rows, width), dtype=dtype, device=dev)
+        return torch.zeros((heads, rows, stride), dtype=dtype, device=dev)
+    buffer = torch.empty((heads, rows, stride), dtype=dtype, device=dev)
     return buffer.fill_(float("nan")) if POISON_DISTANCE_BUFFERS else buffer
 
 
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
     """Adds Σ over distances of dist(n, δ) · table[idx(δ)] · scale to ``grad`` (B, H, N, d): what ROW / COL's
-    cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W), against the table rows
-    gathered through the LUT, (H, W, d). No (N, R) buffer: folding the distances into table rows first would
-    write and read one (the index_add), and its matmul would run on float32 operands."""
+    cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W') against the table rows
+    gathered through the LUT, (H, W', d) (the padding's cells are zeros and its LUT entries a real row: `_lut`).
+    No (N, R) buffer: folding the distances into table rows first would write and read one (the index_add), and
+    its matmul would run on float32 operands."""
     B, H, N, _ = grad.shape
     per_head = _matmul_f32(dist, table[:, lut])  # (H, B·N, d)
     grad.add_(per_head.unflatten(1, (B, N)).transpose(0, 1), alpha=scale)
@@ -514,9 +531,9 @@ def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, s
 
 def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
     """Σ over (b, n) of dist(n, δ) · content_n · scale, folded into table rows: the gradient (H, R, d) of the
-    position table. One matmul per head, dist (H, B·N, W) against the content rows per head (H, B·N, d,
-    `_per_head`), sums over the batch too; the (H, W, d) products are added into their rows through the LUT
-    (exact: each distance has one row)."""
+    position table. One matmul per head, dist (H, B·N, W') against the content rows per head (H, B·N, d,
+    `_per_head`), sums over the batch too; the (H, W', d) products are added into their rows through the LUT
+    (exact: each distance has one row; the padding's products are zeros)."""
     return _into_rows(_matmul_f32(dist.transpose(-1, -2), content), lut, rows, scale)
 
 
@@ -566,17 +583,17 @@ def _bwd_op(
         skew, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD
         )
-        W = 2 * sat + 1
+        DW = _distance_stride(sat)
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
         dq = torch.empty_like(q, dtype=torch.float32)  # written through q's strides, dk and dv through k's
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
-        # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h), laid out per head as the tables are,
-        # zero where no pair lands
-        dq_dist = _distance_buffer(H, B * NQ, W, q.dtype, dev, ij) if row is not None else None
-        dk_dist = _distance_buffer(H, B * NK, W, q.dtype, dev, ij) if col is not None else None
+        # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h) at the row stride DW, laid out per head
+        # as the tables are, zero where no pair lands
+        dq_dist = _distance_buffer(H, B * NQ, DW, q.dtype, dev, ij) if row is not None else None
+        dk_dist = _distance_buffer(H, B * NK, DW, q.dtype, dev, ij) if col is not None else None
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
@@ -598,12 +615,12 @@ def _bwd_op(
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
+            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
+            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, far, tables  # free the N×R tables before the fold
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
@@ -613,7 +630,7 @@ def _bwd_op(
                 _fold_into_content(dq_dist, pos_k, lut, dq, scale)
                 dpos_k = _fold_into_table(dq_dist, q_heads, lut, pos_k.shape[1], scale)
             if p2p:
-                per_distance = dq_dist.sum(1, dtype=torch.float32)  # (H, W)
+                per_distance = dq_dist.sum(1, dtype=torch.float32)  # (H, W')
                 g = _into_rows(per_distance, lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
                 dpos_q = _plus(dpos_q, g * pos_k.float())
                 dpos_k = _plus(dpos_k, g * pos_q.float())
@@ -754,7 +771,9 @@ def _geometry_inputs(
 
 def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple[int, int, Tensor]:
     """(lo, hi, lut): the rows [lo, hi) of a ``rows``-row position table that distances -sat … sat index, and
-    their int32 lookup table (2·sat + 1,), relative to ``lo``. The kernels are given only those rows: the
+    their int32 lookup table, relative to ``lo``: 2·sat + 1 entries, then the last repeated up to the distance
+    buffers' row stride (`_distance_stride`), so that the backward's folds take the padded buffers whole (the
+    padding's cells are zeros: they add nothing to that row). The kernels are given only those rows: the
     tables road's products ROW and COL are as wide as the table (at N = 128 a v3 table's 512 rows hold 257
     used ones; a v1 table's 1024, 257). The model already projects only this window (`RelativeIndex.window`);
     direct callers may pass the whole table. The index is monotone: the range is that of the table's two end
@@ -766,6 +785,7 @@ def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple
         first, last = rel.lut[span][[0, -1]].clamp(0, rows - 1).tolist()
         lo, hi = first, last + 1
     lut = rel.lut_on(device)[span].clamp(0, rows - 1) - lo
+    lut = torch.cat([lut, lut[-1:].expand(_distance_stride(sat) - lut.numel())])
     return lo, hi, lut.to(torch.int32)
 
 
@@ -850,7 +870,7 @@ def triton_attention(
     q = _kernel_layout(q)
     k = _kernel_layout(k.to(q.dtype))
     v = _like(v.to(q.dtype), k)
-    row_stride = max(D, rows, 2 * sat + 1, q.stride(2), k.stride(2))
+    row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
     if max(NQ, NK) * row_stride >= 2**31:
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "

@@ -60,7 +60,9 @@ cells no visible pair lands in (hidden pairs of the tiles they visit and, before
 partner lies outside the blocks the loops visit: `_zero_unvisited`), so the caller allocates the buffers
 without a fill, which would write them whole once more. The buffers hold the inputs' dtype (one rounding of
 each dS, as `eager` rounds its score gradients to that dtype; the two end cells are summed in float32 first).
-The caller finishes the chain rule with matmuls in distance space (see `triton_backend`).
+The caller finishes the chain rule with matmuls in distance space (see `triton_backend`). A buffer row holds
+its 2·SAT + 1 cells at the row stride ``DW``, which the caller pads to an aligned width and whose padding
+columns the kernels zero (`_store_row_ends`): the caller's matmuls then read rows at an aligned stride.
 Both kernels need each query row's ``DELTA = rowsum(P ∘ dP) = dO·O``: the dQ kernel, launched first, computes
 it from the rows of dO and O it owns and stores it for the dK/dV kernel (no pass of its own over dO and O).
 
@@ -80,13 +82,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from debertakit.attention import triton_backend  # FAR_PAD only (the backend imports these kernels lazily)
+from debertakit.attention import triton_backend  # constants only (the backend imports these kernels lazily)
 
 _BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
 _LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' scores are in base 2
 # FAR's rows are padded with -inf to a multiple of this (every tile side divides it), so that a far tile reads
 # its column values without a mask (`_far_col`): the caller's padding (`triton_backend._far_columns`)
 FAR_PAD = tl.constexpr(triton_backend.FAR_PAD)
+# the distance buffers' row stride DW is their 2·SAT + 1 cells rounded up to a multiple of this
+# (`triton_backend._distance_stride`): fewer than DIST_ALIGN padding cells per row, which `_store_row_ends` zeroes
+DIST_ALIGN = tl.constexpr(triton_backend.DIST_ALIGN)
 
 # KIND, the tiles a loop visits: any (each classified at run time), only far ones on one side, or only near ones
 # (at distance i - j a program's loop runs in three parts: see the module docstring)
@@ -357,7 +362,7 @@ def _keep_mask_kernel(OUT, SEED, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def _table_grad(
-    DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT,
+    DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, DW,
     AXIS: tl.constexpr, IJ: tl.constexpr,
 ):  # fmt: skip
     """Distance-space gradient of one tile's table entries, for the rows (AXIS 1, ``own`` = the query indices)
@@ -367,7 +372,6 @@ def _table_grad(
     partner, so no visible pair shares their cell, and with `_zero_unvisited` the kernel writes every cell of
     its rows (the caller allocates the buffer without filling it). With explicit positions a hidden pair may
     repeat a visible one's distance: only visible pairs are stored, into a buffer the caller zero-fills."""
-    W = 2 * SAT + 1
     if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
         acc_r += tl.sum(ds, AXIS)
     elif far_left:
@@ -379,10 +383,10 @@ def _table_grad(
         acc_l += tl.sum(tl.where(left, ds, 0.0), AXIS)
         acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
         if AXIS == 1:
-            cells = own[:, None] * W + delta + SAT
+            cells = own[:, None] * DW + delta + SAT
             owned = own_in[:, None]
         else:
-            cells = own[None, :] * W + delta + SAT
+            cells = own[None, :] * DW + delta + SAT
             owned = own_in[None, :]
         if IJ:  # every near cell of the owned rows
             near = owned & (~left) & (~right)
@@ -393,26 +397,36 @@ def _table_grad(
 
 
 @triton.jit
+def _store_row_ends(DIST, own, own_in, far_l, far_r, SAT, DW, OWN: tl.constexpr):
+    """The end cells of the owned rows, 0 and 2·SAT (the saturated pairs' sums), and the zeros of the rows'
+    padding, from cell 2·SAT + 1 to the row stride DW (fewer than DIST_ALIGN cells)."""
+    tl.store(DIST + own * DW, far_l.to(DIST.dtype.element_ty), mask=own_in)
+    tl.store(DIST + (own * DW + 2 * SAT), far_r.to(DIST.dtype.element_ty), mask=own_in)
+    pad = 2 * SAT + 1 + tl.arange(0, DIST_ALIGN)
+    zero = tl.zeros((OWN, DIST_ALIGN), dtype=DIST.dtype.element_ty)
+    tl.store(DIST + (own[:, None] * DW + pad[None, :]), zero, mask=own_in[:, None] & (pad < DW)[None, :])
+
+
+@triton.jit
 def _zero_cells(
-    DIST, own, own_in, lo, end, first, last, SAT,
+    DIST, own, own_in, lo, end, first, last, SAT, DW,
     PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Zeros into the cells [first, last] (``last`` < 2·SAT: near cells only) of the owned rows whose partner
     (the index at the other end of the pair: ``own - delta`` for a query row, ``own + delta`` for a key column;
     sign ``PARTNER``) lies outside [lo, end), in chunks of BLOCK cells."""
-    W = 2 * SAT + 1
     zero = tl.zeros((OWN, BLOCK), dtype=DIST.dtype.element_ty)
     for c0 in range(first, last + 1, BLOCK):
         cells = c0 + tl.arange(0, BLOCK)
         partner = own[:, None] + PARTNER * (cells - SAT)[None, :]
         outside = (partner < lo) | (partner >= end)
         mask = own_in[:, None] & (cells <= last)[None, :] & outside
-        tl.store(DIST + (own[:, None] * W + cells[None, :]), zero, mask=mask)
+        tl.store(DIST + (own[:, None] * DW + cells[None, :]), zero, mask=mask)
 
 
 @triton.jit
 def _zero_unvisited(
-    DIST, start, N, lo, hi, SAT,
+    DIST, start, N, lo, hi, SAT, DW,
     PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """At distance i - j: zeros into the near cells (own index, distance) of the program's OWN rows starting at
@@ -433,8 +447,8 @@ def _zero_unvisited(
         high_first = end - (start + OWN - 1) + SAT
     low_last = tl.minimum(low_last, 2 * SAT - 1)
     high_first = tl.maximum(tl.maximum(high_first, low_last + 1), 1)
-    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, PARTNER, OWN, BLOCK)
-    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, PARTNER, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, DW, PARTNER, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, DW, PARTNER, OWN, BLOCK)
 
 
 @triton.jit
@@ -638,7 +652,7 @@ def _fwd_kernel(
 @triton.jit
 def _dq_keys(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
-    do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r,
+    do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
     log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
@@ -660,8 +674,9 @@ def _dq_keys(
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
             far_l, far_r = _table_grad(
-                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 1, IJ
-            )
+                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
+                1, IJ,
+            )  # fmt: skip
     return dq, far_l, far_r
 
 
@@ -701,6 +716,7 @@ def _dq_kernel(
     NK,
     R,
     SAT,
+    DW,
     TR,
     scale,
     SEED,
@@ -724,7 +740,6 @@ def _dq_kernel(
     DQ_DIST."""
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
-    W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
     q_tab = _head_major(bh, H, B, NQ)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
@@ -736,7 +751,7 @@ def _dq_kernel(
     LSE += q_off
     DELTA += q_off
     ROW += q_tab * R
-    DQ_DIST += q_tab * W
+    DQ_DIST += q_tab * DW
     K += k_base
     V += k_base
     COL += _head_major(bh, H, B, NK) * R
@@ -768,7 +783,7 @@ def _dq_kernel(
     if HAS_ROW and IJ:
         # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
-        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, -1, BLOCK_M, BLOCK_N)
+        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, DW, -1, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -786,21 +801,20 @@ def _dq_kernel(
         dq, far_l, far_r = _dq_keys(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
-            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, SKN, end_l, end_r,
+            K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
             log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
-        tl.store(DQ_DIST + offs_m * W, far_l.to(DQ_DIST.dtype.element_ty), mask=m_in)
-        tl.store(DQ_DIST + (offs_m * W + 2 * SAT), far_r.to(DQ_DIST.dtype.element_ty), mask=m_in)
+        _store_row_ends(DQ_DIST, offs_m, m_in, far_l, far_r, SAT, DW, BLOCK_M)
 
 
 @triton.jit
 def _dkv_queries(
     dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
-    Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN,
+    Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
     end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
@@ -833,8 +847,9 @@ def _dkv_queries(
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
             far_l, far_r = _table_grad(
-                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, 0, IJ
-            )
+                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
+                0, IJ,
+            )  # fmt: skip
     return dk, dv, far_l, far_r
 
 
@@ -874,6 +889,7 @@ def _dkv_kernel(
     NK,
     R,
     SAT,
+    DW,
     TR,
     scale,
     SEED,
@@ -896,7 +912,6 @@ def _dkv_kernel(
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n, bh = _block_and_head(NK, BLOCK_N)
     b = bh // H
-    W = 2 * SAT + 1
     q_off = bh.to(tl.int64) * NQ
     k_tab = _head_major(bh, H, B, NK)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
@@ -912,7 +927,7 @@ def _dkv_kernel(
     DV += k_base
     COL += k_tab * R
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
-    DK_DIST += k_tab * W
+    DK_DIST += k_tab * DW
     QPOS += b * NQ
     QSEG += b * NQ
     KPOS += b * NK
@@ -933,7 +948,7 @@ def _dkv_kernel(
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_COL and IJ:  # before the loop, as in the dQ kernel
-        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, 1, BLOCK_N, BLOCK_M)
+        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, DW, 1, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
@@ -952,7 +967,7 @@ def _dkv_kernel(
     for run in tl.static_range(len(kinds)):
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
-            Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, SQN,
+            Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
             end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
             kinds[run],
@@ -960,5 +975,4 @@ def _dkv_kernel(
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
     if HAS_COL:
-        tl.store(DK_DIST + offs_n * W, far_l.to(DK_DIST.dtype.element_ty), mask=n_in)
-        tl.store(DK_DIST + (offs_n * W + 2 * SAT), far_r.to(DK_DIST.dtype.element_ty), mask=n_in)
+        _store_row_ends(DK_DIST, offs_n, n_in, far_l, far_r, SAT, DW, BLOCK_N)

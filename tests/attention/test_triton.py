@@ -1600,6 +1600,28 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
 
 
+@pytest.mark.parametrize("name", ["n70_saturating", "explicit_positions_padding"])
+def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name):
+    """The backward's distance buffers hold each row's 2·sat + 1 cells at a row stride padded to a multiple of
+    `DIST_ALIGN` (cuBLAS's vectorised kernels need aligned strides: `triton_backend._distance_stride`); the
+    padding reaches the folds' matmuls as zeros. The buffers start as NaN (tests/conftest.py), so at distance
+    i - j the kernels zero the padding themselves; with explicit positions the buffer is zero-filled."""
+    c = GRID[name]
+    seen = []
+    fold = triton_backend._fold_into_content
+    monkeypatch.setattr(
+        triton_backend, "_fold_into_content", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
+    )
+    _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
+    sat = min(c.rel.saturation, max(c.n, c.n_k or c.n)) if c.q_offset is None else c.rel.saturation
+    assert len(seen) == 2  # c2p's (dq_dist) and p2c's (dk_dist)
+    for dist in seen:
+        assert dist.shape[-1] == triton_backend._distance_stride(sat) > 2 * sat + 1
+        assert dist.shape[-1] % triton_backend.DIST_ALIGN == 0 and dist.stride(-2) == dist.shape[-1]
+        assert (dist[..., 2 * sat + 1 :] == 0).all()
+        assert torch.isfinite(dist[..., : 2 * sat + 1]).all()  # every cell written
+
+
 def test_far_columns_hold_cols_saturated_values_and_hide_masked_keys():
     """FAR (`triton_backend._far_columns`), the far tiles' column values: per (h, b) COL's left and right
     saturated entries (the rows of the LUT's first and last entry) as two rows padded with -inf to FAR_PAD,
