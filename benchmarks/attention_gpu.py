@@ -39,6 +39,8 @@ Sections (all bfloat16 on one CUDA device):
    ``profile`` (not run by default): the three ``triton`` rows of ``attention`` with their GPU time split by
    kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work around them
    (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows named.
+   ``folds`` (not run by default): the backward's four fold products alone, at the distance buffers' padded
+   row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -49,6 +51,7 @@ Usage::
     python benchmarks/attention_gpu.py --sections attention --lengths 512 2048 8192
     python benchmarks/attention_gpu.py --sections tiles --lengths 512 2048 8192 --out /tmp/tiles.json
     python benchmarks/attention_gpu.py --sections profile --lengths 512 4096 16384 --out /tmp/profile.json
+    python benchmarks/attention_gpu.py --sections folds --lengths 512 4096 16384 --out /tmp/folds.json
     python benchmarks/attention_gpu.py --sections attention --impls triton "sdpa (no position terms)"
     python benchmarks/attention_gpu.py --smoke --out /tmp/smoke.json
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
@@ -508,6 +511,67 @@ def print_profile(rows: list[dict]) -> None:
             )
 
 
+# ------------------------------------------------------------------------------------- 1f. the backward's folds
+def folds_section(args, device: str, dtype) -> Iterator[Unit]:
+    """The four matmuls that fold the backward's distance buffers into dQ, dK and the position tables'
+    gradients (`triton_backend._fold_into_content`, `_fold_into_table`, for ROW's buffer and COL's), alone, on
+    buffers of the attention section's shape: at the row stride 2·sat + 1 (the layout before the padding, 1025
+    at v3's saturation) and at `triton_backend._distance_stride`, each timed and profiled (which cuBLAS kernel
+    runs them: an ``align1`` kernel name at the odd stride was what the profile showed)."""
+
+    def measure(n: int) -> list[dict]:
+        import torch
+
+        from debertakit.attention import RelativeIndex
+        from debertakit.attention import triton_backend as tb
+
+        rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+        H, D, batch = args.heads, args.head_dim, max(1, args.tokens // n)
+        sat = max(1, min(rel.saturation, n))  # the backend's cut at distance i - j (`triton_attention`)
+        lo, hi, lut = tb._lut(rel, sat, rel.table_rows, device)
+        g = torch.Generator(device=device).manual_seed(0)
+        table = torch.randn(H, hi - lo, D, generator=g, device=device, dtype=dtype)
+        content = tb._per_head(
+            torch.randn(batch, n, H, D, generator=g, device=device, dtype=dtype).transpose(1, 2)
+        )
+        grad = torch.zeros(batch, H, n, D, device=device)
+        rows = []
+        for stride in (2 * sat + 1, tb._distance_stride(sat)):
+            dist = torch.randn(H, batch * n, stride, generator=g, device=device, dtype=dtype)
+            dist[..., 2 * sat + 1 :] = 0
+
+            def folds(dist=dist, lut=lut[:stride]):  # the LUT's padding entries serve the padding's cells
+                for _ in ("ROW", "COL"):  # the two buffers have the same shape
+                    tb._fold_into_content(dist, table, lut, grad, 1.0)
+                    tb._fold_into_table(dist, content, lut, hi - lo, 1.0)
+
+            timed, profiled = bench(folds, device), profile_kernels(folds, device)
+            row = {"section": "folds", "impl": f"folds, row stride {stride}", "n": n, "batch": batch}
+            row.update({"heads": H, "head_dim": D, "mode": "4 products", "row_stride": stride})
+            row.update(
+                {k: round(v, 4) for k, v in timed.items() if k in ("ms", "peak_gib") and v is not None}
+            )
+            row.update({k: v for k, v in timed.items() if k == "error"})
+            row["kernels_ms"] = profiled.get("kernels", profiled.get("error"))
+            rows.append(row)
+            print(_fmt(row), flush=True)
+        return rows
+
+    for n in args.lengths:
+        yield f"folds N={n}", functools.partial(measure, n)
+
+
+def print_folds(rows: list[dict]) -> None:
+    for r in rows:
+        kernels = r.get("kernels_ms")
+        top = (
+            "; ".join(f"{k[:60]} {ms:.3f}" for k, ms in list(kernels.items())[:3])
+            if isinstance(kernels, dict)
+            else kernels
+        )
+        print(f"{r['impl']:26s} N={r['n']:<6d} {r.get('ms', r.get('error'))!s:>9s} ms  {top}")
+
+
 # ------------------------------------------------------------------------------------------------ targets
 TARGETS = (
     "issue targets (H100/H200, bf16): triton forward >= 100 TFLOP/s at N >= 2048 and >= 60 at N = 512; "
@@ -851,7 +915,13 @@ def print_table(rows: list[dict]) -> None:
     if profiled:
         print("\nkernel time per call (ms, torch.profiler), the largest kernels first")
         print_profile(profiled)
-    other = [r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles", "profile")]
+    folds = [r for r in rows if r["section"] == "folds"]
+    if folds:
+        print("\nthe backward's four fold products alone (ms per call; the largest kernels, torch.profiler)")
+        print_folds(folds)
+    other = [
+        r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles", "profile", "folds")
+    ]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s and ms per call")
         for r in other:
@@ -930,6 +1000,7 @@ SECTIONS = {
     "long": long_section,
     "tiles": tiles_section,
     "profile": profile_section,
+    "folds": folds_section,
     "model": model_section,
     "packed": packed_section,
 }

@@ -1558,6 +1558,24 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
     assert "kernel time per call" in capsys.readouterr().out
 
 
+def test_gpu_benchmark_folds_section_times_both_row_strides(tmp_path, capsys):
+    """``--sections folds``: the backward's four fold products alone, once at the unpadded row stride 2·sat + 1
+    and once at the padded one (`triton_backend._distance_stride`), with the kernels that ran them."""
+    import json
+
+    out = tmp_path / "folds.json"
+    assert (
+        _benchmark_module().main(["--smoke", "--sections", "folds", "--lengths", "16", "--out", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row_stride"] for r in rows] == [33, triton_backend._distance_stride(16)] == [33, 48]
+    for r in rows:
+        assert r["section"] == "folds" and r["ms"] > 0
+        assert r["kernels_ms"] and all(ms > 0 for ms in r["kernels_ms"].values())
+    assert "fold products alone" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------ work around the kernels
 def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     """Around its kernels a call computes the N×R tables and folds the backward's distance buffers. On a GPU
