@@ -497,6 +497,11 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
         yield f"profile N={n}", functools.partial(measure, n)
 
 
+def _top_kernels(kernels: dict[str, float], count: int, width: int) -> str:
+    """The first ``count`` kernels of a breakdown (largest first), names cut to ``width``, with their ms."""
+    return "; ".join(f"{name[:width]} {ms:.3f}" for name, ms in list(kernels.items())[:count])
+
+
 def print_profile(rows: list[dict]) -> None:
     """Per `profile` row: the kernels' summed time and the largest kernels' share, forward and backward."""
     for r in rows:
@@ -505,7 +510,7 @@ def print_profile(rows: list[dict]) -> None:
             if not kernels:
                 continue
             total = r[f"{prefix}_ms"]
-            top = "; ".join(f"{name[:48]} {ms:.3f}" for name, ms in list(kernels.items())[:6])
+            top = _top_kernels(kernels, 6, 48)
             print(
                 f"{r['impl']:20s} N={r['n']:<6d} {prefix:7s} {total:8.3f} ms in {len(kernels):2d} kernels: {top}"
             )
@@ -564,11 +569,7 @@ def folds_section(args, device: str, dtype) -> Iterator[Unit]:
 def print_folds(rows: list[dict]) -> None:
     for r in rows:
         kernels = r.get("kernels_ms")
-        top = (
-            "; ".join(f"{k[:60]} {ms:.3f}" for k, ms in list(kernels.items())[:3])
-            if isinstance(kernels, dict)
-            else kernels
-        )
+        top = _top_kernels(kernels, 3, 60) if isinstance(kernels, dict) else kernels
         print(f"{r['impl']:26s} N={r['n']:<6d} {r.get('ms', r.get('error'))!s:>9s} ms  {top}")
 
 
@@ -898,8 +899,11 @@ def environment(device: str) -> dict:
     return env
 
 
+ATTENTION_TABLE = ("attention", "dropout", "long", "tiles")  # the sections printed in the attention table
+
+
 def print_table(rows: list[dict]) -> None:
-    att = [r for r in rows if r["section"] in ("attention", "dropout", "long", "tiles")]
+    att = [r for r in rows if r["section"] in ATTENTION_TABLE]
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
         print(
@@ -919,9 +923,7 @@ def print_table(rows: list[dict]) -> None:
     if folds:
         print("\nthe backward's four fold products alone (ms per call; the largest kernels, torch.profiler)")
         print_folds(folds)
-    other = [
-        r for r in rows if r["section"] not in ("attention", "dropout", "long", "tiles", "profile", "folds")
-    ]
+    other = [r for r in rows if r["section"] not in (*ATTENTION_TABLE, "profile", "folds")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s and ms per call")
         for r in other:
