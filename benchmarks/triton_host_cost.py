@@ -12,7 +12,8 @@ with the kernel launches replaced by no-ops, under a dispatch mode that records 
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
-  nothing; a fill writes only). An estimate of memory traffic, not a measurement of it;
+  nothing; a fill writes only; a broadcast input counts its own elements). An estimate of memory traffic, not
+  a measurement of it;
 - operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
   of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
@@ -61,6 +62,12 @@ def _matmul_flops(name: str, args) -> int:
     return 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """The bytes a tensor's elements occupy: an expanded (stride 0) dimension counts once (a broadcast input,
+    such as the ignored input of a ``baddbmm`` with beta 0, is not read once per element it stands for)."""
+    return math.prod(n for n, stride in zip(t.shape, t.stride()) if stride != 0) * t.element_size()
+
+
 class Recorder(TorchDispatchMode):
     """FLOPs by operand dtype, bytes read and written, and the operations that launch a GPU kernel (every one
     but views and allocations), of every operation."""
@@ -83,8 +90,8 @@ class Recorder(TorchDispatchMode):
         if name in MATMULS:
             operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
             self.flops[operand] += _matmul_flops(name, args)
-        reads = 0 if name in FILLS else sum(t.numel() * t.element_size() for t in ins)
-        self.bytes += reads + sum(t.numel() * t.element_size() for t in outs)
+        reads = 0 if name in FILLS else sum(_nbytes(t) for t in ins)
+        self.bytes += reads + sum(_nbytes(t) for t in outs)
         return out
 
 
