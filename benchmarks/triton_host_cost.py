@@ -12,8 +12,8 @@ with the kernel launches replaced by no-ops, under a dispatch mode that records 
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
-  nothing; a fill writes only; a broadcast input counts its own elements). An estimate of memory traffic, not
-  a measurement of it;
+  nothing; a fill and an ``out=`` tensor are written only; a broadcast input counts its own elements). An
+  estimate of memory traffic, not a measurement of it;
 - operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
   of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
@@ -84,7 +84,8 @@ class Recorder(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.is_view or name in VIEWS or name in ALLOCATIONS:  # nothing moved, nothing launched
             return out
-        ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        read = (args, {k: v for k, v in kwargs.items() if k != "out"})  # an ``out=`` tensor is written only
+        ins = [t for t in torch.utils._pytree.tree_leaves(read) if isinstance(t, torch.Tensor)]
         outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.launches[name] += 1
         if name in MATMULS:
