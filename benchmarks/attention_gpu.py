@@ -11,10 +11,12 @@ Sections (all bfloat16 on one CUDA device):
    attention backend that can run the shape (``triton``, ``eager``, and ``chunked`` / ``flex`` where present),
    PyTorch's ``scaled_dot_product_attention`` on the same shapes without position terms (the ceiling),
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
-   runs the q/k/v and position projections: its time includes them). ``triton skew-forward`` is ``triton`` with
-   `triton_backend.NEAR_BAND` = "skew-forward": the forward's near band computed from the position tables inside
+   runs the q/k/v and position projections: its time includes them). ``triton distance`` is ``triton`` with
+   `triton_backend.NEAR_BAND` = "distance": the near band read from the N×R products laid out by distance (two
+   strided tile loads per near tile instead of gathered cells; forward and backward, not with dropout);
+   ``triton skew-forward``, with "skew-forward": the forward's near band computed from the position tables inside
    the kernel instead of gathered from N×R products (the backward as in ``triton``); ``triton skew``, with
-   "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the three rows decide
+   "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the four rows decide
    the default.
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
    output's largest difference from ``triton``'s (default tiles) on the same inputs, relative to the largest
@@ -127,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--near-band",
         default="tables",
-        help="the `tiles` section's near-band road (triton_backend.NEAR_BAND): tables, skew-forward or skew",
+        help="the `tiles` section's near-band road (triton_backend.NEAR_BAND): tables, distance, skew-forward or skew",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
@@ -279,8 +281,8 @@ def _attention_rows(
             return out
 
         candidates[name] = (run, leaves, grad)
-    if "triton" in candidates:  # the skewed kernels serve dropout too (`SKEW_DROPOUT_TILES`)
-        for row, mode in SKEW_ROWS.items():
+    if "triton" in candidates:  # (with dropout the distance row runs the tables road: `_uses_distance`)
+        for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
     candidates["sdpa (no position terms)"] = sdpa
@@ -581,8 +583,9 @@ TARGETS = (
 )
 
 
-SKEW_ROWS = {"triton skew-forward": "skew-forward", "triton skew": "skew"}  # row -> triton_backend.NEAR_BAND
-TRITON_ROWS = ("triton", *SKEW_ROWS)
+# row -> triton_backend.NEAR_BAND
+NEAR_BAND_ROWS = {"triton distance": "distance", "triton skew-forward": "skew-forward", "triton skew": "skew"}
+TRITON_ROWS = ("triton", *NEAR_BAND_ROWS)
 
 
 def verdicts(rows: list[dict]) -> list[str]:

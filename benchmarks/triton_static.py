@@ -11,12 +11,14 @@ compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding:
 ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask, causal),
 each without and with dropout on the probabilities (``+dropout``: the
 kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
-computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
-`triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
-the same kernel, the control.
+read from distance tables (``v3+dist``, ``packed+dist``: `triton_backend.NEAR_BAND` = "distance", which runs
+without dropout at the tiles of `GPU_TILES`) and computed from the position tables (``v3+skew``,
+``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` = "skew"); the forward also with no position
+terms (``plain``): plain attention in the same kernel, the control.
 
-A configuration qualifies for a use (``inference``: the three sets without dropout; ``dropout``: the three
-with it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills;
+A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
+distance-table sets; ``dropout``: the three with dropout; ``skew``: the two skewed sets; ``skew+dropout``: those
+with dropout) when none of its sets spills;
 among those, one whose matrix products use HGMMA in every set is preferred, then the largest tile, then the
 squarer one, then the longer side along the kernel's loop (keys for the forward and dQ, queries for dK/dV),
 then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES` (and, where dropout
@@ -53,17 +55,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "triton_static"
+_ROADS = dict(SKEW=False, DIST=False)  # the near band gathered from the tables (the default road)
 _SETS = {
-    "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False, SKEW=False),
-    "packed": dict(
-        IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, SKEW=False
-    ),
-    "worst": dict(
-        IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, SKEW=False
-    ),
+    "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False, **_ROADS),
+    "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, **_ROADS),
+    "worst": dict(IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, **_ROADS),
 }
+# the near band read from distance tables (`triton_backend.NEAR_BAND` = "distance"): no dropout, GPU_TILES' tiles
+_DIST_SETS = {f"{name}+dist": dict(_SETS[name], DROPOUT=False, DIST=True) for name in ("v3", "packed")}
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
+    **_DIST_SETS,
     **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
     **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
     **{f"{name}+skew+dropout": dict(_SETS[name], DROPOUT=True, SKEW=True) for name in ("v3", "packed")},
@@ -75,11 +77,12 @@ FEATURES = {
         HAS_KMASK=False,
         CAUSAL=False,
         DROPOUT=False,
-        SKEW=False,
+        **_ROADS,
     ),
 }
 USES = {
     "inference": tuple(_SETS),
+    "dist": tuple(_DIST_SETS),  # shown, not configured: the distance road runs at the inference tiles
     "dropout": tuple(f"{name}+dropout" for name in _SETS),
     "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
     "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
@@ -199,7 +202,8 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
         threads = 32 * int(tiles.split()[1][1:])
         for version in sorted({r["triton"] for r in rows}):
             plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
-            for feature in ("plain", *_SETS) if kernel == "_fwd_kernel" else _SETS:
+            sets = (*_SETS, *_DIST_SETS)
+            for feature in ("plain", *sets) if kernel == "_fwd_kernel" else sets:
                 loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
                 if not loops:
                     continue
@@ -289,8 +293,10 @@ def write_report(
         "Registers per thread, local-memory stack (register spills), shared memory and the instruction mix of the",
         "cubins, and the loads left inside a branch of the Triton GPU IR (issued when reached, not prefetched by",
         "the software pipeliner). Static only: no timing. **←** marks the tiles chosen per kernel, head dim and",
-        "use (inference: the sets without dropout; dropout: the `+dropout` sets; skew: the `+skew` sets, the near",
-        "band computed from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in any set of",
+        "use (inference: the sets without dropout; dist: the `+dist` sets, the near band read from distance tables,",
+        "shown only: that road runs at the inference tiles; dropout: the `+dropout` sets; skew: the `+skew` sets,",
+        "the near band computed from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in",
+        "any set of",
         "the use under any of the Triton versions; then HGMMA in all, the largest tile, the squarer tile, the",
         "longer side along the kernel's loop, fewer warps.",
         "",

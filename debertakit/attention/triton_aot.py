@@ -28,7 +28,10 @@ STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) acti
 ALIGNED_INTS = {*STRIDES, "DW"}
 INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
 FLOATS = {"scale", "drop_scale"}
-FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW")
+FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW", "DIST")
+# with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16
+# (`triton_backend._distance_tables`)
+DISTANCE_TABLES = {"ROW", "COL"}
 SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
 MMA_OPS = ("HGMMA", "HMMA")
 # "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the address and the opcode, after an optional predicate
@@ -117,6 +120,8 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "constexpr"
         elif name in INT_POINTERS:
             sig[name] = "*i32"
+        elif name in DISTANCE_TABLES and constexprs.get("DIST"):
+            sig[name] = "*" + dtype
         elif name in F32_POINTERS:
             sig[name] = "*fp32"
         elif name in INTS:
@@ -132,12 +137,13 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
     return sig
 
 
-def attributes(fn, sig: dict) -> dict:
+def attributes(fn, sig: dict, constexprs: dict) -> dict:
     """What a launch tells the compiler about the arguments (Triton's ``D`` specialisation, "divisible by 16"):
     PyTorch's allocator aligns pointers to 16 bytes and the activations' strides are multiples of 16 elements for
-    the head dims served (the distance buffers' row stride by construction), so the code compiled here can use
-    vector loads, as the code compiled at run time does."""
-    aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in ALIGNED_INTS]
+    the head dims served (the distance buffers' row stride and the distance tables' row step R by construction),
+    so the code compiled here can use vector loads, as the code compiled at run time does."""
+    ints = ALIGNED_INTS | ({"R"} if constexprs.get("DIST") else set())
+    aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in ints]
     return {(i,): [["tt.divisibility", 16]] for i in aligned}
 
 
@@ -164,7 +170,7 @@ def compile_kernel(
     constexprs["WT"] = tiles.skew_width  # the skewed kernels' table block (see kernels)
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     sig = signature(fn, dtype, constexprs)
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attributes(fn, sig))
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attributes(fn, sig, constexprs))
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=tiles.options)
     cubin = compiled.asm.get("cubin")
     if not cubin:

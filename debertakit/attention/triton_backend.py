@@ -117,13 +117,15 @@ DROPOUT_TILES = {
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
 # How the kernels get the near band's position terms. "tables" gathers them from the precomputed N×R products;
-# "skew" computes them inside the kernels from the position tables (no N×R table in memory; see
+# "distance" reads them from the same products laid out by distance (`_distance_tables`: two strided tile loads
+# per near tile instead of three gathered cells per pair), at distance i - j without dropout or p2p, in both
+# directions; "skew" computes them inside the kernels from the position tables (no N×R table in memory; see
 # `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward only. The skewed kernels run
 # only at distance i - j, without p2p, with tables in the inputs' dtype, and where SKEW_TILES (with dropout:
 # SKEW_DROPOUT_TILES) has tiles for them (the backward needs both of its kernels); other calls use "tables".
-# Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py` times the three in one run ("triton",
-# "triton skew-forward", "triton skew"), without and with dropout.
-NEAR_BAND_MODES = ("tables", "skew-forward", "skew")
+# Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py` times them in one run ("triton",
+# "triton distance", "triton skew-forward", "triton skew"), without and with dropout.
+NEAR_BAND_MODES = ("tables", "distance", "skew-forward", "skew")
 NEAR_BAND = "tables"
 # The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version),
 # without and with dropout; a kernel missing from a table is not served skewed there.
@@ -134,9 +136,9 @@ SKEW_TILES = {
         "_dkv_kernel": Tiles(32, 16, 4, 2),
     },
     # head dim 128: no dQ or dK/dV tile compiles without spills under both Triton releases, so the skewed road
-    # serves the forward only there
+    # serves the forward only there (with 8 warps before the report with the distance tables: spill-free too)
     128: {
-        "_fwd_kernel": Tiles(16, 32, 8, 2),
+        "_fwd_kernel": Tiles(16, 32, 4, 2),
     },
 }
 SKEW_DROPOUT_TILES = {
@@ -154,6 +156,8 @@ BACKWARD = ("_dq_kernel", "_dkv_kernel")
 # FAR's rows (`_far_columns`) are padded to a multiple of this, which every tile side divides (the kernels
 # read it as `triton_kernels.FAR_PAD` and check their key blocks against it)
 FAR_PAD = 128
+# log2(e): the kernels' scores are in base 2 (`triton_kernels`); the distance tables are scaled to match
+LOG2E = 1.4426950408889634
 
 
 def _tile_width(head_dim: int) -> int:
@@ -213,6 +217,106 @@ def _uses_skew(
     return wanted and ij and not p2p and served and same_dtype
 
 
+def _uses_distance(ij: bool, p2p: bool, dropout: bool) -> bool:
+    """Whether the kernels read the near band from distance tables (`NEAR_BAND` = "distance", `_distance_tables`):
+    at distance i - j, without p2p and without dropout (the static report has not compiled the distance tables
+    with dropout: such calls take the tables road)."""
+    return NEAR_BAND == "distance" and ij and not p2p and not dropout
+
+
+def _padded_rows(n: int) -> int:
+    """The rows per (b, h) of a distance table for ``n`` tokens: a multiple of `DIST_ALIGN`, so that each (b, h)'s
+    rows start aligned for the kernels' vector loads (`triton_kernels._table_offset`)."""
+    return triton_cdiv(n, DIST_ALIGN) * DIST_ALIGN
+
+
+def _distance_reach(sat: int, nq: int, nk: int, span: int) -> int:
+    """R / 2, the distances either side of 0 a distance table holds: the largest |i - j| of a pair of the
+    sequences in a near tile, rounded up to `DIST_ALIGN` (so R, the kernels' row step, is a multiple of 16:
+    aligned vector loads). A near tile of the loops' middle run (`triton_kernels._split`) holds pairs less than
+    ``sat`` + BLOCK_M + BLOCK_N apart (``span``: the largest BLOCK_M + BLOCK_N of the kernels that read the
+    tables), and no two tokens are further apart than the longer side's padded rows."""
+    return triton_cdiv(min(max(_padded_rows(nq), _padded_rows(nk)) - 1, sat + span), DIST_ALIGN) * DIST_ALIGN
+
+
+def _scaled_product(a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int) -> Tensor:
+    """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros: on a GPU one
+    matmul whose float32 accumulator is scaled and rounded once (``baddbmm`` with beta 0: its input is not read);
+    on the CPU (the interpreter), or with operands of another dtype, in float32, then rounded. Scaling here costs
+    no pass of its own, and a scaled table holds what the scores add (float16 ones stay far from overflow)."""
+    heads, m, n = a.shape[0], a.shape[1], b.shape[2]
+    flat = torch.empty(heads * m * n + slack, dtype=dtype, device=a.device)
+    flat[heads * m * n :].zero_()
+    out = flat[: heads * m * n].view(heads, m, n)
+    if a.device.type != "cpu" and a.dtype == b.dtype == dtype:
+        unused = a.new_empty((1, 1, 1)).expand(heads, m, n)
+        torch.baddbmm(unused, a, b, beta=0.0, alpha=alpha, out=out)
+    else:
+        out.copy_(torch.bmm(a.float(), b.float()).mul_(alpha))
+    return flat
+
+
+def _pad_rows(heads: Tensor, batch: int, n: int) -> Tensor:
+    """(H, B·N, d) rows per head as (H, B·N', d), each batch row's N rows followed by zero rows up to
+    N' = `_padded_rows` (a copy only when N is not a multiple of `DIST_ALIGN`)."""
+    padded = _padded_rows(n)
+    if padded == n:
+        return heads
+    per_row = heads.unflatten(1, (batch, n))
+    return torch.nn.functional.pad(per_row, (0, 0, 0, padded - n)).flatten(1, 2)
+
+
+def _distance_cells(lut: Tensor, sat: int, reach: int) -> Tensor:
+    """(2, 2·reach + 1) int64: the table row each cell of a distance table's row reads, ROW's then COL's. ROW's
+    cell e stands for distance i - j = reach - e, COL's for e - reach (clamped to ±sat: the saturated cells
+    repeat the ends). Depends on the geometry alone (`triton_attention` caches it)."""
+    dist = torch.arange(reach, -reach - 1, -1, device=lut.device).clamp(-sat, sat) + sat
+    row = lut.long()[dist]
+    return torch.stack([row, row.flip(0)])
+
+
+def _distance_tables(
+    q_heads: Tensor | None,
+    k_heads: Tensor | None,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    cells: Tensor,
+    alpha: float,
+    shape: tuple[int, int, int],
+) -> tuple[Tensor | None, Tensor | None]:
+    """ROW and COL laid out by distance (the kernels' ``DIST``): ``ROW[i, reach + (j - i)] = alpha · q_i ·
+    Kr[idx(i, j)]``, ``COL[j, reach + (i - j)] = alpha · k_j · Qr[idx(i, j)]``, (H, B·N', 2·reach + 1) per head
+    in q's dtype, N' the padded rows (`_pad_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by zeros
+    (`_distance_slack`; `_distance_rows` views the products). Each is one matmul against the table rows its
+    ``cells`` index (`_distance_cells`), ``alpha`` = scale · log2(e): the kernels add the cells as they are. Same
+    products as `_tables`, their columns repeated by distance (2·reach + 1 of them against the table's R rows)
+    and rounded to the inputs' dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512
+    float32 ones."""
+    batch, nq, nk = shape
+    slack = _distance_slack(cells.shape[1], nq, nk)
+    row = col = None
+    if q_heads is not None:
+        queries = _pad_rows(q_heads, batch, nq)
+        row = _scaled_product(queries, pos_k[:, cells[0]].transpose(-1, -2), alpha, q_heads.dtype, slack)
+    if k_heads is not None:
+        keys = _pad_rows(k_heads, batch, nk)
+        col = _scaled_product(keys, pos_q[:, cells[1]].transpose(-1, -2), alpha, k_heads.dtype, slack)
+    return row, col
+
+
+def _distance_slack(cells: int, nq: int, nk: int) -> int:
+    """Zeros after a distance table's last (b, h): what a tile whose rows or columns run past the end reads
+    beyond it, at most `FAR_PAD` (the largest tile side) rows of ``cells`` and the other side's padded length
+    (`triton_kernels._distance_terms`)."""
+    return (FAR_PAD + 1) * cells + max(_padded_rows(nq), _padded_rows(nk)) + FAR_PAD
+
+
+def _distance_rows(flat: Tensor, heads: int, batch: int, n: int, cells: int) -> Tensor:
+    """A distance table's products as (H, B, N', cells), N' = `_padded_rows` (n): a view of ``flat``."""
+    rows = _padded_rows(n)
+    return flat[: heads * batch * rows * cells].view(heads, batch, rows, cells)
+
+
 def _end_rows(lut: Tensor) -> Tensor:
     """The table rows of the two saturated ends, left and right: the first and last LUT entry (the kernels'
     `_ends`; the LUT's padding repeats its right end, `_lut`). A view: int32 indexes as well as int64."""
@@ -226,11 +330,17 @@ def _skew_ends(lut: Tensor, skew: bool) -> Tensor | None:
 
 
 def _far_columns(
-    col: Tensor | None, lut: Tensor, skew: bool, k_mask: Tensor | None, shape: tuple[int, int, int], device
+    col: Tensor | None,
+    lut: Tensor,
+    ends_only: bool,
+    k_mask: Tensor | None,
+    shape: tuple[int, int, int],
+    device,
 ) -> Tensor:
     """FAR (H, B, 2, Nk padded to `FAR_PAD`) float32 for ``shape`` = (H, B, Nk): the far tiles'
     value of each key column on the left and on the right (`triton_kernels._far_col`), COL's two saturated
-    entries (0 without p2c; a skewed call's COL holds only them), -inf where the key is masked and in the
+    entries (0 without p2c; with ``ends_only`` COL holds only them, (H, B·Nk, 2): a skewed call's, or the two
+    cells a distance table's row holds them in), -inf where the key is masked and in the
     padding, so that a far tile hides those keys without a mask of its own. Two contiguous rows per (h, b): one
     unmasked vector load per far tile instead of COL's strided entries and the key mask (see README, How it
     works)."""
@@ -242,7 +352,7 @@ def _far_columns(
     if col is None:
         far[..., :nk].fill_(0.0)
     else:
-        ends = col if skew else col[..., _end_rows(lut)]  # (H, B·Nk, 2)
+        ends = col if ends_only else col[..., _end_rows(lut)]  # (H, B·Nk, 2)
         far[..., :nk] = ends.view(heads, batch, nk, 2).transpose(-1, -2)
     if k_mask is not None:
         far[..., :nk].masked_fill_((k_mask == 0)[None, :, None, :], float("-inf"))
@@ -330,10 +440,11 @@ class _PositionInputs(NamedTuple):
     rebuilds the tables: nothing N×R is saved)."""
 
     skew: bool  # the near band from the position tables (`_uses_skew`)
-    row: Tensor | None  # ROW, float32 per head; skewed: its two saturated ends only
+    dist: bool  # ROW and COL laid out by distance (`_uses_distance`, `_distance_tables`)
+    row: Tensor | None  # ROW, float32 per head; skewed: its two saturated ends only; by distance: see there
     col: Tensor | None  # COL, likewise
     far: Tensor | None  # FAR (`_far_columns`), where ROW or COL is and far tiles can occur
-    R: int  # their width
+    R: int  # their width (by distance: the row step, one less than the rows' cells)
     PQ: Tensor  # the kernels' position-table arguments (`_position_args`)
     PK: Tensor
     TR: int
@@ -355,18 +466,38 @@ def _position_inputs(
     k_mask: Tensor | None,
     far_tiles: bool,
     kernels: tuple[str, ...],
+    cells: Tensor | None,
+    sat: int,
+    scale: float,
 ) -> _PositionInputs:
     skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
+    dist = cells is not None  # (given where `_uses_distance`: never with skew)
     q_heads = _per_head(q) if c2p else None
     k_heads = _per_head(k) if p2c else None
-    query_rows = q.shape[0] * q.shape[2]
-    row, col = _tables(q_heads, k_heads, query_rows, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
+    (B, H, NQ, _), NK = q.shape, k.shape[2]
+    if dist:
+        reach = cells.shape[1] // 2
+        row, col = _distance_tables(q_heads, k_heads, pos_q, pos_k, cells, scale * LOG2E, (B, NQ, NK))
+        R = 2 * reach
+    else:
+        row, col = _tables(q_heads, k_heads, B * NQ, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
+        R = _table_rows(row, col)
     # FAR only where a far tile may read it (`_far_tiles`): most calls launch nothing for it
     far = None
     if (row is not None or col is not None) and far_tiles:
-        far = _far_columns(col, lut, skew, k_mask, (q.shape[1], k.shape[0], k.shape[2]), q.device)
+        ends = col if col is None or not dist else _distance_ends(col, H, B, NK, reach, sat)
+        far = _far_columns(ends, lut, skew or dist, k_mask, (H, B, NK), q.device)
+    if dist:  # the kernels read ROW / COL from row 0's cell of distance 0 (`triton_kernels._distance_terms`)
+        row, col = (None if t is None else t[reach:] for t in (row, col))
     PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
-    return _PositionInputs(skew, row, col, far, _table_rows(row, col), PQ, PK, TR, q_heads, k_heads)
+    return _PositionInputs(skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads)
+
+
+def _distance_ends(col: Tensor, heads: int, batch: int, nk: int, reach: int, sat: int) -> Tensor:
+    """COL's two saturated values per key, left and right, from its distance table: the cells of distance
+    i - j = -sat and +sat, (H, B·Nk, 2)."""
+    per_row = _distance_rows(col, heads, batch, nk, 2 * reach + 1)[:, :, :nk, [reach - sat, reach + sat]]
+    return per_row.reshape(heads, batch * nk, 2)
 
 
 def _table_rows(row: Tensor | None, col: Tensor | None) -> int:
@@ -434,6 +565,7 @@ def _fwd_op(
     q_lo: Tensor,
     q_hi: Tensor,
     seed: Tensor | None,
+    cells: Tensor | None,
     scale: float,
     sat: int,
     c2p: bool,
@@ -450,9 +582,10 @@ def _fwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD
-        )
+        skew, dist, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD, cells, sat,
+            scale,
+        )  # fmt: skip
         out = torch.empty_like(q, dtype=_out_dtype(q, drop_t))
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
         t = tiles_for(dev, D, "_fwd_kernel", drop_t > 0, skew)
@@ -465,7 +598,7 @@ def _fwd_op(
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
-            SKEW=skew, WT=t.skew_width,
+            SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
     return out, lse
 
@@ -565,6 +698,7 @@ def _bwd_op(
     q_lo: Tensor,
     q_hi: Tensor,
     seed: Tensor | None,
+    cells: Tensor | None,
     scale: float,
     sat: int,
     c2p: bool,
@@ -580,9 +714,10 @@ def _bwd_op(
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD
-        )
+        skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD, cells, sat,
+            scale,
+        )  # fmt: skip
         DW = _distance_stride(sat)
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
@@ -615,12 +750,14 @@ def _bwd_op(
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew, WT=t_dq.skew_width,
+            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew, DIST=dist,
+            WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, WT=t_dkv.skew_width,
+            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, DIST=dist,
+            WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, far, tables  # free the N×R tables before the fold
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
@@ -668,8 +805,8 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 25
-_N_FWD_TENSORS = 16  # q … q_hi, seed; the rest are scalars
+_N_FWD_INPUTS = 26
+_N_FWD_TENSORS = 17  # q … q_hi, seed, cells; the rest are scalars
 
 
 def _setup_context(ctx, inputs, output):
@@ -853,6 +990,7 @@ def triton_attention(
     explicit = geom.q_positions is not None or geom.k_positions is not None
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
+    cells = None  # the distance tables' cells (`_distance_cells`) where the kernels read them
     if c2p or p2c or p2p:
         # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
         sat = rel.saturation
@@ -862,6 +1000,13 @@ def triton_attention(
         lo, hi, lut = geom.cached(
             ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
         )
+        if (c2p or p2c) and _uses_distance(ij, p2p, drop_t > 0):
+            # one reach for both directions: the largest tiles of the three kernels
+            span = max(t.block_m + t.block_n for t in (tiles_for(device, D, name) for name in KERNEL_NAMES))
+            reach = _distance_reach(sat, NQ, NK, span)
+            cells = geom.cached(
+                ("triton-cells", rel, sat, rows, reach, device), lambda: _distance_cells(lut, sat, reach)
+            )
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
@@ -870,10 +1015,14 @@ def triton_attention(
     q = _kernel_layout(q)
     k = _kernel_layout(k.to(q.dtype))
     v = _like(v.to(q.dtype), k)
+    tokens = max(NQ, NK)
     row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
-    if max(NQ, NK) * row_stride >= 2**31:
+    if cells is not None:  # the distance tables: padded rows of 2·reach + 1 cells
+        tokens = _padded_rows(tokens)
+        row_stride = max(row_stride, cells.shape[1])
+    if tokens * row_stride >= 2**31:
         raise ValueError(
-            f"the triton backend indexes one (batch, head) with 32-bit offsets; {max(NQ, NK)} tokens × "
+            f"the triton backend indexes one (batch, head) with 32-bit offsets; {tokens} tokens × "
             f"{row_stride} elements per row is too large"
         )
     out, _ = _fwd_op(
@@ -893,6 +1042,7 @@ def triton_attention(
         q_lo,
         q_hi,
         _draw_seed(device) if drop_t > 0 else None,
+        cells,
         float(scale),
         int(sat),
         c2p,

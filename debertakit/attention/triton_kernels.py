@@ -37,6 +37,14 @@ tables themselves instead of ROW / COL, so no N×R table is written or read. A n
 saturated values per query row / key column, (N, 2), for the far tiles. The backward kernels recompute the
 scores the same way; their distance-space gradients (below) do not depend on how the scores were formed.
 
+``DIST`` (constexpr, every kernel, at distance ``i - j``): ROW / COL are *distance tables*, the near band's terms
+stored by distance instead of by table row: ``ROW[i, R/2 + (j - i)] = q_i·Kr[idx(i, j)] · scale · log2(e)`` and
+``COL[j, R/2 + (i - j)] = k_j·Qr[idx(i, j)] · scale · log2(e)`` (rows of R + 1 cells, R / 2 at least the largest
+distance in a near tile, in the inputs' dtype, scaled by the caller's matmul). Pair (i, j) then sits at ``i·R + j``
+from row 0's cell of distance 0 (and ``j·R + i`` in COL): a near tile's terms are two strided tile loads, where
+the gather reads a LUT entry and two table cells per pair at addresses computed per element. The far tiles read
+the same tables' ends (`_ends`, and FAR built from COL's).
+
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
 layout `merge_heads` wants. Query-side tensors (Q, OUT, DO, DQ) share one set of strides ``SQB, SQH, SQN``,
@@ -85,7 +93,7 @@ import triton.language as tl
 from debertakit.attention import triton_backend  # constants only (the backend imports these kernels lazily)
 
 _BIG = tl.constexpr(1 << 30)  # "no position" sentinel for min / max over partial blocks
-_LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): the kernels' scores are in base 2
+_LOG2E = tl.constexpr(triton_backend.LOG2E)  # log2(e): the kernels' scores are in base 2
 # FAR's rows are padded with -inf to a multiple of this (every tile side divides it), so that a far tile reads
 # its column values without a mask (`_far_col`): the caller's padding (`triton_backend._far_columns`)
 FAR_PAD = tl.constexpr(triton_backend.FAR_PAD)
@@ -239,13 +247,53 @@ def _skew_terms(
 
 
 @triton.jit
-def _ends(LUT, SAT, SKEW: tl.constexpr):
-    """Columns of ROW / COL holding the saturated values on the left and on the right: the LUT's first and last
+def _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr):
+    """c2p + p2c (BLOCK_M, BLOCK_N) of a near tile at distance i - j from the distance tables, scaled (see the
+    module docstring). ROW / COL point at the cell of distance 0 of the program's first row: pair (i, j) sits at
+    i·(R + 1) + (j - i) = i·R + j in ROW and j·R + i in COL, so a tile is a strided block of each, rows of
+    consecutive cells: two plain tile loads, as for K and V. No mask: a near tile's pairs within the sequences
+    lie within R / 2 of distance 0, in their own row; a pair with a row or column past the end reads a cell of
+    a neighbouring row, of the next (b, h) or of the zeros the caller leaves after the last one (finite values,
+    and the pair's score is discarded: see `_tile`)."""
+    terms = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
+    if HAS_ROW:
+        terms += tl.load(ROW + (offs_m[:, None] * R + offs_n[None, :])).to(tl.float32)
+    if HAS_COL:
+        terms += tl.load(COL + (offs_m[:, None] + offs_n[None, :] * R)).to(tl.float32)
+    return terms
+
+
+@triton.jit
+def _ends(LUT, SAT, R, SKEW: tl.constexpr, DIST: tl.constexpr):
+    """Columns of ROW holding the saturated values on the left and on the right: the LUT's first and last
     entries, or 0 and 1 for the skewed kernels, whose ROW / COL hold only the two ends, (N, 2). Read once per
-    program (inside the loops, a load that the next load's address waits on)."""
+    program (inside the loops, a load that the next load's address waits on). For the distance tables offsets
+    from a row's cell of distance 0: j - i = SAT (left) and -SAT (right), cut to the row's R / 2 cells on either
+    side (where the rows are shorter no tile is far, and the values read are not used)."""
+    if DIST:
+        reach = tl.minimum(SAT, R // 2)
+        return reach, -reach
     if SKEW:
         return 0, 1
     return tl.load(LUT), tl.load(LUT + 2 * SAT)
+
+
+@triton.jit
+def _table_stride(R, DIST: tl.constexpr):
+    """The row stride of ROW / COL: R, or R + 1 for the distance tables (R + 1 cells per row)."""
+    if DIST:
+        return R + 1
+    return R
+
+
+@triton.jit
+def _table_offset(bh, H, B, N, R, DIST: tl.constexpr):
+    """Offset (64-bit, in elements) of program (b, h)'s rows of ROW / COL. The distance tables hold each (b, h)'s
+    N rows padded to a multiple of DIST_ALIGN, so that every (b, h)'s rows, and with R a multiple of 16 every
+    row's cell of distance 0, start 16-element aligned: their tiles load as aligned vectors."""
+    if DIST:
+        return _head_major(bh, H, B, tl.cdiv(N, DIST_ALIGN) * DIST_ALIGN) * (R + 1)
+    return _head_major(bh, H, B, N) * R
 
 
 @triton.jit
@@ -271,7 +319,7 @@ def _tile(
     ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
+    SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """Scores (BLOCK_M, BLOCK_N) float32 of one tile, -inf where hidden; the visibility mask; the key positions;
     whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
@@ -296,16 +344,21 @@ def _tile(
     )
     by_columns = not HAS_SEG and (before or not CAUSAL)  # the hidden pairs are whole columns (see above)
     s = _mm(q, tl.trans(k), PREC) * log2_scale
+    table_scale = log2_scale
+    if DIST:
+        table_scale = 1.0  # the distance tables hold scaled values (and so FAR, taken from them)
     if HAS_ROW or HAS_COL:
         if far_right:
             # a row vector plus a column vector: the cost of plain attention
             if HAS_ROW:
-                s += (row_r * log2_scale)[:, None]
-            s += (_far_col(FARR, offs_n) * log2_scale)[None, :]
+                s += (row_r * table_scale)[:, None]
+            s += (_far_col(FARR, offs_n) * table_scale)[None, :]
         elif far_left:
             if HAS_ROW:
-                s += (row_l * log2_scale)[:, None]
-            s += (_far_col(FARL, offs_n) * log2_scale)[None, :]
+                s += (row_l * table_scale)[:, None]
+            s += (_far_col(FARL, offs_n) * table_scale)[None, :]
+        elif DIST:
+            s += _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW, HAS_COL)
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
@@ -455,6 +508,7 @@ def _zero_unvisited(
 def _query_block(
     Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_ROW: tl.constexpr, HAS_SEG: tl.constexpr, IJ: tl.constexpr,
+    DIST: tl.constexpr,
 ):  # fmt: skip
     """What a program needs about its block of query rows (pointers offset to the program's b / (b, h))."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -472,8 +526,9 @@ def _query_block(
     row_r = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if HAS_ROW:
         # the two saturated values of each row, once per query block (far tiles need nothing else)
-        row_l = tl.load(ROW + (offs_m * R + end_l), mask=m_in, other=0.0)
-        row_r = tl.load(ROW + (offs_m * R + end_r), mask=m_in, other=0.0)
+        stride = _table_stride(R, DIST)
+        row_l = tl.load(ROW + (offs_m * stride + end_l), mask=m_in, other=0.0).to(tl.float32)
+        row_r = tl.load(ROW + (offs_m * stride + end_r), mask=m_in, other=0.0).to(tl.float32)
     return offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r
 
 
@@ -483,11 +538,13 @@ def _key_block(
     K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
+    SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """For the query-block programs (forward, dQ): the K and V rows of the key block from ``start_n`` and the
     tile's scores, visibility, key positions and far sides (`_tile`)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    # start_n is a multiple of BLOCK_N: every run of a loop starts at one or is empty (`_runs`). Said to Triton,
+    # the near band's ROW tiles (`_distance_terms`) and the far tiles' FAR rows load as aligned vectors
+    offs_n = tl.max_contiguous(tl.multiple_of(start_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
     n_in = offs_n < NK
     kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
     k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
@@ -495,7 +552,7 @@ def _key_block(
     s, allowed, kpos, far_left, far_right = _tile(
         q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
         ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
-        BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+        BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
     )  # fmt: skip
     return k, v, s, allowed, kpos, far_left, far_right
 
@@ -507,14 +564,15 @@ def _fwd_keys(
     seed, bh, DROP_T,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+    SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
+    KIND: tl.constexpr,
 ):  # fmt: skip
     """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND)."""
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -581,6 +639,7 @@ def _fwd_kernel(
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
     SKEW: tl.constexpr,
+    DIST: tl.constexpr,
     WT: tl.constexpr,
 ):
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
@@ -592,10 +651,10 @@ def _fwd_kernel(
     Q += q_base
     OUT += q_base
     LSE += q_off
-    ROW += _head_major(bh, H, B, NQ) * R
+    ROW += _table_offset(bh, H, B, NQ, R, DIST)
     K += k_base
     V += k_base
-    COL += _head_major(bh, H, B, NK) * R
+    COL += _table_offset(bh, H, B, NK, R, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
@@ -607,9 +666,9 @@ def _fwd_kernel(
     PQ += (bh % H) * TR * HEAD_DIM  # this head's (TR, D) position tables
     PK += (bh % H) * TR * HEAD_DIM
 
-    end_l, end_r = _ends(LUT, SAT, SKEW)
+    end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
+        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST
     )
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
@@ -634,8 +693,8 @@ def _fwd_kernel(
             offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             seed, bh, DROP_T,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
-            kinds[run],
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+            DROPOUT, kinds[run],
         )  # fmt: skip
 
     visible = l_i > 0.0
@@ -656,7 +715,8 @@ def _dq_keys(
     log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+    SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
+    KIND: tl.constexpr,
 ):  # fmt: skip
     """dQ's content part and the rows' table gradients over the key blocks from ``start`` to ``end`` (tiles of
     one KIND)."""
@@ -664,7 +724,7 @@ def _dq_keys(
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])  # hidden pairs and empty rows: exp2(-inf) = 0
         dp = _mm(do, tl.trans(v), PREC)
@@ -734,6 +794,7 @@ def _dq_kernel(
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
     SKEW: tl.constexpr,
+    DIST: tl.constexpr,
     WT: tl.constexpr,
 ):
     """One program per query block: DELTA (dO·O per row), dQ (content part) and, if ROW is used, dS stored into
@@ -750,11 +811,11 @@ def _dq_kernel(
     DQ += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += q_tab * R
+    ROW += _table_offset(bh, H, B, NQ, R, DIST)
     DQ_DIST += q_tab * DW
     K += k_base
     V += k_base
-    COL += _head_major(bh, H, B, NK) * R
+    COL += _table_offset(bh, H, B, NK, R, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
@@ -766,9 +827,9 @@ def _dq_kernel(
     PQ += (bh % H) * TR * HEAD_DIM
     PK += (bh % H) * TR * HEAD_DIM
 
-    end_l, end_r = _ends(LUT, SAT, SKEW)
+    end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ
+        Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST
     )
     q_ptrs = offs_m[:, None] * SQN + offs_d[None, :]
     do = tl.load(DO + q_ptrs, mask=m_in[:, None], other=0.0)
@@ -803,8 +864,8 @@ def _dq_kernel(
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
             log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
-            kinds[run],
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+            DROPOUT, kinds[run],
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
@@ -818,14 +879,15 @@ def _dkv_queries(
     end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
-    SKEW: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+    SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
+    KIND: tl.constexpr,
 ):  # fmt: skip
     """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
     (tiles of one KIND)."""
     for start_m in range(start, end, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
             Q, QPOS, QSEG, ROW, start_m // BLOCK_M, NQ, R, SQN, end_l, end_r,
-            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ,
+            HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST,
         )  # fmt: skip
         do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=m_in, other=float("inf"))
@@ -833,7 +895,7 @@ def _dkv_queries(
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
             ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, KIND,
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), PREC)
@@ -907,6 +969,7 @@ def _dkv_kernel(
     IJ: tl.constexpr,
     DROPOUT: tl.constexpr,
     SKEW: tl.constexpr,
+    DIST: tl.constexpr,
     WT: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
@@ -920,12 +983,12 @@ def _dkv_kernel(
     DO += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += _head_major(bh, H, B, NQ) * R
+    ROW += _table_offset(bh, H, B, NQ, R, DIST)
     K += k_base
     V += k_base
     DK += k_base
     DV += k_base
-    COL += k_tab * R
+    COL += _table_offset(bh, H, B, NK, R, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     DK_DIST += k_tab * DW
     QPOS += b * NQ
@@ -957,7 +1020,7 @@ def _dkv_kernel(
     seed = 0
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
-    end_l, end_r = _ends(LUT, SAT, SKEW)
+    end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     start_n = pid_n * BLOCK_N
     log2_scale = scale * _LOG2E
     # at distance i - j three runs: far left (queries well before), near, far right
@@ -969,8 +1032,8 @@ def _dkv_kernel(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
             Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
             end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, HEAD_DIM, WT, DROPOUT,
-            kinds[run],
+            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+            DROPOUT, kinds[run],
         )  # fmt: skip
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype

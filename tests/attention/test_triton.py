@@ -438,10 +438,15 @@ def test_torch_compile_custom_op_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dropout_p", [0.0, 0.2], ids=["no_dropout", "dropout"])
-def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p):
+@pytest.mark.parametrize(
+    "dropout_p, near_band",
+    [(0.0, "tables"), (0.2, "tables"), (0.0, "distance")],
+    ids=["no_dropout", "dropout", "distance"],
+)
+def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band):
     """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes (with
-    dropout the seed is an input, so repeated runs agree)."""
+    dropout the seed is an input, so repeated runs agree; on the distance road the cells are one too)."""
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
     c = GRID["packed_causal"]
     captured = []
     real = triton_backend._fwd_op
@@ -460,6 +465,7 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p):
         dropout_p=dropout_p,
     )
     assert (captured[0][15] is None) == (dropout_p == 0.0)  # the seed
+    assert (captured[0][16] is None) == (near_band == "tables")  # the distance tables' cells
     torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
 
 
@@ -571,22 +577,24 @@ def test_skewed_forward_with_table_backward_matches_eager(monkeypatch, name):
     _compare_skewed(monkeypatch, GRID[name], torch.float32, DEVICE, mode="skew-forward")
 
 
+@pytest.mark.parametrize("road", ["skew", "distance"])
 @pytest.mark.parametrize("name", ["n70_saturating", "packed_causal"])
-def test_skewed_and_table_kernels_agree(monkeypatch, name):
-    """Both roads compute the same function, forward and gradients (they differ in the last bits, which shows
-    the skewed road was taken)."""
+def test_near_band_roads_agree_with_the_tables(monkeypatch, name, road):
+    """Each road computes the tables road's function, forward and gradients (they differ in the last bits, which
+    shows the road was taken: the skewed kernels form the terms in registers, the distance tables are scaled
+    before the kernels add them)."""
     c = GRID[name]
     geom = _geometry(c, DEVICE)
     inputs = _inputs(c, torch.float32, DEVICE)
     results = {}
-    for mode in ("tables", "skew"):
+    for mode in ("tables", road):
         _near_band(monkeypatch, mode)
         out, grads = _run(triton_attention, c, inputs, geom)
         results[mode] = (out, *grads)
-    for name_, a, b in zip(["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], results["skew"], results["tables"]):
+    for name_, a, b in zip(["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], results[road], results["tables"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name_: f"{n}: {m}")
-    assert not torch.equal(results["skew"][0], results["tables"][0])
-    assert not torch.equal(results["skew"][1], results["tables"][1])  # dq: the backward's scores differ too
+    assert not torch.equal(results[road][0], results["tables"][0])
+    assert not torch.equal(results[road][1], results["tables"][1])  # dq: the backward's scores differ too
 
 
 def test_skewed_kernels_only_where_they_apply(monkeypatch):
@@ -630,6 +638,165 @@ def test_skewed_kernels_only_where_they_apply(monkeypatch):
     _near_band(monkeypatch, "skewed")
     with pytest.raises(ValueError, match="NEAR_BAND must be one of .*got 'skewed'"):
         uses(q, table, table, True, False, False)
+
+
+# ------------------------------------------------------------------ distance tables (NEAR_BAND = "distance")
+DIST_GRID = SKEW_GRID  # where the road applies: distance i - j, position terms, no p2p
+
+
+def _distance_reaches(monkeypatch) -> list[int]:
+    """The reach (R / 2) of every `_distance_tables` call, in call order (forward, backward)."""
+    reaches = []
+    real = triton_backend._distance_tables
+
+    def spy(*args):
+        reaches.append(args[4].shape[1] // 2)  # the cells: 2·reach + 1 per table
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_distance_tables", spy)
+    return reaches
+
+
+@pytest.mark.parametrize("name", DIST_GRID)
+def test_distance_tables_match_eager_float32(monkeypatch, name):
+    """Forward and backward reading the near band from distance tables (two strided tile loads per near tile,
+    no gather), against eager: outputs and every gradient; both directions took that road."""
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    _compare(GRID[name], torch.float32, DEVICE)
+    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches  # one reach for both directions
+
+
+@pytest.mark.parametrize(
+    "name", ["n70_saturating", "packed_causal", "padding", "cross_nq_gt_nk", "d64_heads2"]
+)
+def test_distance_tables_match_eager_bfloat16(monkeypatch, name):
+    """bfloat16: the tables hold the position terms rounded to bfloat16 (as 16-bit eager implementations round
+    them), within the grid's tolerance of eager's float32 terms."""
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    _compare(GRID[name], torch.bfloat16, DEVICE)
+    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches  # one reach for both directions
+
+
+def test_distance_tables_match_eager_float16(monkeypatch):
+    _near_band(monkeypatch, "distance")
+    _compare(GRID["packed"], torch.float16, DEVICE)
+
+
+def test_bfloat16_distance_tables_are_as_close_to_float32_as_the_gathered_tables(monkeypatch):
+    """Rounding the tables to bfloat16 costs little against float32 eager: N = 96 with log buckets saturating
+    at 16 (near and far tiles), head dim 64, padded rows; output and every gradient within 1.5% of the tensor's
+    largest value, and not more than 1.5 times the tables road's errors, from float32 tables (measured: 0.44% to
+    1.17% against 0.44% to 0.96%, the position tables' gradients the largest)."""
+    c = Case(n=96, batch=2, dim=64, key_lengths=(96, 41))
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.bfloat16, DEVICE)
+    ref = _run(eager_attention, c, _float32_copies(inputs), geom)
+    errors = {}
+    for mode in ("tables", "distance"):
+        _near_band(monkeypatch, mode)
+        out, grads = _run(triton_attention, c, inputs, geom, grad_out=_grad_out(ref[0]))
+        errors[mode] = [
+            (a.float() - b).abs().max().item() / b.abs().max().item()
+            for a, b in zip((out, *grads), (ref[0], *ref[1]))
+        ]
+    assert max(errors["distance"]) < 1.5e-2, errors
+    for got, gathered in zip(errors["distance"], errors["tables"]):
+        assert got <= 1.5 * gathered + 1e-3, errors
+
+
+def test_distance_tables_hold_each_pairs_terms_by_distance():
+    """`_distance_tables`: pair (i, j)'s c2p sits in ROW's row i at cell reach + (j - i), its p2c in COL's row j
+    at cell reach + (i - j), each eager's term (scale included) times log2(e), for every pair within the reach
+    (saturated ones too); the rows past N of each batch row's padded block are zeros."""
+    from debertakit.attention.eager import score_components
+
+    c = Case(n=70, batch=2, heads=2, dim=16)
+    B, H, N = c.batch, c.heads, c.n
+    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, torch.float32, DEVICE))
+    scale = 0.3
+    parts = score_components(q, k, pos_q, pos_k, c.rel, Geometry(), scale=scale, terms=c.terms)
+    sat = c.rel.saturation
+    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], DEVICE)
+    reach = triton_backend._distance_reach(sat, N, N, 32)
+    assert reach % triton_backend.DIST_ALIGN == 0 and sat + 32 <= reach < N
+    cells = triton_backend._distance_cells(lut, sat, reach)
+    row, col = triton_backend._distance_tables(
+        triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
+        scale * triton_backend.LOG2E, (B, N, N),
+    )  # fmt: skip
+    padded = triton_backend._padded_rows(N)
+    assert padded == 80  # 70 rows padded to a multiple of 16, then zeros past the last (b, h)
+    slack = triton_backend._distance_slack(2 * reach + 1, N, N)
+    assert row.numel() == H * B * padded * (2 * reach + 1) + slack and bool((row[-slack:] == 0).all())
+    row, col = (triton_backend._distance_rows(t, H, B, N, 2 * reach + 1) for t in (row, col))
+    i, j = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
+    near = (j - i).abs() <= reach
+    i, j = i[near], j[near]
+    for b in range(B):
+        for h in range(H):
+            c2p, p2c = (parts[t][b, h][i, j] * triton_backend.LOG2E for t in ("c2p", "p2c"))
+            torch.testing.assert_close(row[h, b, i, reach + j - i], c2p, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(col[h, b, j, reach + i - j], p2c, atol=1e-5, rtol=1e-5)
+    assert not (near.all()) and bool((row[:, :, N:] == 0).all()) and bool((col[:, :, N:] == 0).all())
+
+
+def test_distance_reach_covers_every_near_tile():
+    """`_distance_reach` against the tiles the kernels' near runs visit: those not far on either side (exactly
+    `_split`'s middle run, `test_split_cuts_the_loop_exactly_where_tiles_saturate`). Every pair of the sequences
+    in a near tile lies within the reach, in its own table row; the pairs past the end read elsewhere, and every
+    cell any tile reads, ROW's at i·R + j and COL's at j·R + i from the last (b, h)'s row 0, lies inside the
+    table and the zeros after it (`_distance_slack`)."""
+    shapes = [
+        (16, 70, 70, 16, 16),
+        (16, 200, 200, 64, 32),
+        (512, 2048, 2048, 64, 64),
+        (512, 300, 300, 128, 64),
+    ]
+    shapes += [
+        (16, 20, 45, 16, 16),
+        (512, 16, 4096, 128, 128),
+        (512, 4000, 33, 64, 128),
+        (64, 1, 1, 128, 128),
+    ]
+    for sat, nq, nk, bm, bn in shapes:
+        reach = triton_backend._distance_reach(sat, nq, nk, bm + bn)
+        assert reach % triton_backend.DIST_ALIGN == 0
+        rows_q, rows_k = -(-nq // bm) * bm, -(-nk // bn) * bn  # the tiles' extents
+        for own in range(0, rows_q, bm):  # query blocks; the key-block programs visit the same tiles
+            for start in range(0, rows_k, bn):
+                if own - (start + bn - 1) >= sat or start - (own + bm - 1) >= sat:
+                    continue  # far
+                widest = max(min(own + bm, nq) - 1 - start, min(start + bn, nk) - 1 - own)
+                assert widest <= reach, (sat, nq, nk, bm, bn, own, start, reach)
+        R, cells = 2 * reach, 2 * reach + 1
+        for n_own, rows_own, rows_other in ((nq, rows_q, rows_k), (nk, rows_k, rows_q)):
+            size = 3 * triton_backend._padded_rows(n_own) * cells + triton_backend._distance_slack(
+                cells, nq, nk
+            )
+            last = 2 * triton_backend._padded_rows(n_own) * (R + 1)  # the last of 3 (b, h)s
+            assert reach + last + (rows_own - 1) * R + rows_other - 1 < size, (sat, nq, nk, bm, bn)
+
+
+def test_distance_tables_only_where_they_apply(monkeypatch):
+    uses = triton_backend._uses_distance
+    _near_band(monkeypatch, "distance")
+    assert uses(True, False, False)
+    assert not uses(False, False, False)  # explicit positions
+    assert not uses(True, True, False)  # p2p
+    assert not uses(True, False, True)  # dropout: the tables road
+    _near_band(monkeypatch, "tables")
+    assert not uses(True, False, False)
+
+
+def test_distance_road_with_dropout_gathers_from_the_tables(monkeypatch):
+    """With dropout the distance road's calls take the tables road (`_uses_distance`) and still apply the
+    kernels' mask."""
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    _compare_with_dropout(monkeypatch, GRID["n70_saturating"], torch.float32, DEVICE, 0.3)
+    assert reaches == []
 
 
 # ------------------------------------------------------------------------------------------------- dropout
@@ -1161,6 +1328,18 @@ def test_skewed_kernels_match_eager_gpu(monkeypatch, name, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
+def test_distance_tables_match_eager_gpu(monkeypatch, name, dtype):
+    """The distance tables at real sizes and tiles (`GPU_TILES`: the tables' reach and their zeros after the last
+    (b, h) sized for them), both directions on that road."""
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    _compare(GPU_GRID[name], dtype, "cuda")
+    assert len(reaches) == 2, reaches
+
+
+@pytest.mark.gpu
 def test_long_sequence_runs_gpu():
     """N = 65536 at batch 1 (v3 shape, bf16): forward and backward run, memory stays linear in N."""
     c = Case(n=65536, heads=12, dim=64, rel=V3)
@@ -1549,7 +1728,12 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
     rows = json.loads(out.read_text())["rows"]
     assert [r["impl"] for r in rows if r["section"] == "attention"] == ["triton"]
     profiled = [r for r in rows if r["section"] == "profile"]
-    assert [r["impl"] for r in profiled] == ["triton", "triton skew-forward", "triton skew"]
+    assert [r["impl"] for r in profiled] == [
+        "triton",
+        "triton distance",
+        "triton skew-forward",
+        "triton skew",
+    ]
     for r in profiled:
         for prefix in ("fwd", "fwd_bwd"):
             kernels = r[f"{prefix}_kernels_ms"]
@@ -1587,7 +1771,7 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     out = tmp_path / "cost.json"
     bench.main(["--lengths", "64", "--tokens", "128", "--heads", "2", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert {r["near_band"] for r in rows} == {"tables", "skew-forward", "skew"}
+    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew"}
     for r in rows:
         for phase in ("forward", "backward"):
             assert r[phase]["fp32_flops"] == 0, (r["near_band"], phase)
@@ -1610,11 +1794,21 @@ def test_absent_arguments_launch_nothing(monkeypatch):
     # the skewed forward: the two end rows of each table (indexed through the int32 LUT, no cast) and the same
     skewed = bench.measure(64, 128, 2, 64, "skew")
     assert skewed["forward"]["launches"] == {"index": 2, "bmm": 2}, skewed["forward"]["launches"]
-    for r in (row, skewed):
+    # the distance tables: the table rows their cells read (the cells cached with the geometry), two matmuls
+    # that scale as they write (`_scaled_product`: no pass of their own to scale the tables) and the zeros
+    # after each table (`_distance_slack`); a length that is not a multiple of DIST_ALIGN pads q and k first
+    dist = bench.measure(128, 256, 2, 64, "distance")
+    tables = {"index": 2, "baddbmm": 2, "zero_": 2}
+    assert dist["forward"]["launches"] == tables, dist["forward"]["launches"]
+    padded = bench.measure(72, 144, 2, 64, "distance")["forward"]["launches"]
+    assert padded == {"constant_pad_nd": 2, **tables}, padded
+    for r in (row, skewed, dist):
         launches = r["backward"]["launches"]
         # no fills: the kernels write the distance buffers' cells that no pair lands in (zeros), and the table
-        # gradients start from their first term (no zero tensor to add into)
-        assert not set(launches) & bench.FILLS, launches
+        # gradients start from their first term (no zero tensor to add into); the distance tables' zeros after
+        # their last row excepted
+        fills = {"zero_": 2} if r is dist else {}
+        assert {n: c for n, c in launches.items() if n in bench.FILLS} == fills, launches
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
 
 
