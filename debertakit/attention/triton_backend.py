@@ -224,10 +224,15 @@ def _uses_distance(ij: bool, p2p: bool, dropout: bool) -> bool:
     return NEAR_BAND == "distance" and ij and not p2p and not dropout
 
 
+def _aligned(n: int) -> int:
+    """``n`` rounded up to a multiple of `DIST_ALIGN`."""
+    return triton_cdiv(n, DIST_ALIGN) * DIST_ALIGN
+
+
 def _padded_rows(n: int) -> int:
     """The rows per (b, h) of a distance table for ``n`` tokens: a multiple of `DIST_ALIGN`, so that each (b, h)'s
     rows start aligned for the kernels' vector loads (`triton_kernels._table_offset`)."""
-    return triton_cdiv(n, DIST_ALIGN) * DIST_ALIGN
+    return _aligned(n)
 
 
 def _distance_reach(sat: int, nq: int, nk: int, span: int) -> int:
@@ -236,7 +241,7 @@ def _distance_reach(sat: int, nq: int, nk: int, span: int) -> int:
     aligned vector loads). A near tile of the loops' middle run (`triton_kernels._split`) holds pairs less than
     ``sat`` + BLOCK_M + BLOCK_N apart (``span``: the largest BLOCK_M + BLOCK_N of the kernels that read the
     tables), and no two tokens are further apart than the longer side's padded rows."""
-    return triton_cdiv(min(max(_padded_rows(nq), _padded_rows(nk)) - 1, sat + span), DIST_ALIGN) * DIST_ALIGN
+    return _aligned(min(max(_padded_rows(nq), _padded_rows(nk)) - 1, sat + span))
 
 
 def _scaled_product(a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int) -> Tensor:
@@ -635,7 +640,7 @@ DIST_ALIGN = 16
 
 def _distance_stride(sat: int) -> int:
     """The distance buffers' row stride: their 2·sat + 1 cells rounded up to `DIST_ALIGN`."""
-    return triton_cdiv(2 * sat + 1, DIST_ALIGN) * DIST_ALIGN
+    return _aligned(2 * sat + 1)
 
 
 def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:

@@ -301,6 +301,12 @@ def _split_probe(OUT, OWN_AT, LO, SATS, OWN: tl.constexpr, OTHER: tl.constexpr):
     tl.store(OUT + 2 * case + 1, last)
 
 
+def _far_sides(own: int, own_block: int, start: int, other_block: int, sat: int) -> tuple[bool, bool]:
+    """Whether every pair (a, t) of a tile, a in the program's block from ``own``, t in the loop's block from
+    ``start``, is at least ``sat`` apart with t before a, and with t after a."""
+    return own - (start + other_block - 1) >= sat, start - (own + own_block - 1) >= sat
+
+
 @pytest.mark.parametrize("own_block, other_block", [(16, 16), (32, 16), (16, 64)])
 def test_split_cuts_the_loop_exactly_where_tiles_saturate(own_block, other_block):
     """At distance i - j the kernels' loops visit far tiles as a prefix and a suffix, compiled without the near
@@ -321,8 +327,8 @@ def test_split_cuts_the_loop_exactly_where_tiles_saturate(own_block, other_block
         first, last = min(first, hi), min(last, hi)  # the kernels clamp both to the loop's end
         tiles = range(lo, hi, other_block)
         # every pair (a, t) of the tile, a in the program's block, t in the loop's: |a - t| >= sat, one side
-        far_before = [t for t in tiles if own - (t + other_block - 1) >= sat]
-        far_after = [t for t in tiles if t - (own + own_block - 1) >= sat]
+        far_before = [t for t in tiles if _far_sides(own, own_block, t, other_block, sat)[0]]
+        far_after = [t for t in tiles if _far_sides(own, own_block, t, other_block, sat)[1]]
         near = [t for t in tiles if t not in far_before + far_after]
         case = (own, lo, hi, sat)
         assert list(range(lo, first, other_block)) == far_before, case
@@ -766,7 +772,7 @@ def test_distance_reach_covers_every_near_tile():
         rows_q, rows_k = -(-nq // bm) * bm, -(-nk // bn) * bn  # the tiles' extents
         for own in range(0, rows_q, bm):  # query blocks; the key-block programs visit the same tiles
             for start in range(0, rows_k, bn):
-                if own - (start + bn - 1) >= sat or start - (own + bm - 1) >= sat:
+                if any(_far_sides(own, bm, start, bn, sat)):
                     continue  # far
                 widest = max(min(own + bm, nq) - 1 - start, min(start + bn, nk) - 1 - own)
                 assert widest <= reach, (sat, nq, nk, bm, bn, own, start, reach)
