@@ -281,7 +281,7 @@ def _attention_rows(
             return out
 
         candidates[name] = (run, leaves, grad)
-    if "triton" in candidates:  # (with dropout the distance row runs the tables road: `_uses_distance`)
+    if "triton" in candidates:
         for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)

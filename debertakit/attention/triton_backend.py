@@ -117,14 +117,15 @@ DROPOUT_TILES = {
 # set by the benchmark's tile sweep: kernel name -> Tiles, used instead of GPU_TILES
 TILE_OVERRIDES: dict[str, Tiles] = {}
 # How the kernels get the near band's position terms. "tables" gathers them from the precomputed N×R products;
-# "distance" reads them from the same products laid out by distance (`_distance_tables`: two strided tile loads
-# per near tile instead of three gathered cells per pair), at distance i - j without dropout or p2p, in both
-# directions; "skew" computes them inside the kernels from the position tables (no N×R table in memory; see
-# `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward only. The skewed kernels run
-# only at distance i - j, without p2p, with tables in the inputs' dtype, and where SKEW_TILES (with dropout:
-# SKEW_DROPOUT_TILES) has tiles for them (the backward needs both of its kernels); other calls use "tables".
-# Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py` times them in one run ("triton",
-# "triton distance", "triton skew-forward", "triton skew"), without and with dropout.
+# "distance" reads them from the same products laid out by distance (`_distance_tables`: two strided tile
+# loads per near tile instead of three gathered cells per pair), at distance i - j without p2p, in both
+# directions, with or without dropout; "skew" computes them inside the kernels from the position tables (no
+# N×R table in memory; see `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward
+# only. The skewed kernels run only at distance i - j, without p2p, with tables in the inputs' dtype, and
+# where SKEW_TILES (with dropout: SKEW_DROPOUT_TILES) has tiles for them (the backward needs both of its
+# kernels); other calls use "tables". Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py`
+# times them in one run ("triton", "triton distance", "triton skew-forward", "triton skew"), without and with
+# dropout.
 NEAR_BAND_MODES = ("tables", "distance", "skew-forward", "skew")
 NEAR_BAND = "tables"
 # The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version),
@@ -217,11 +218,10 @@ def _uses_skew(
     return wanted and ij and not p2p and served and same_dtype
 
 
-def _uses_distance(ij: bool, p2p: bool, dropout: bool) -> bool:
+def _uses_distance(ij: bool, p2p: bool) -> bool:
     """Whether the kernels read the near band from distance tables (`NEAR_BAND` = "distance", `_distance_tables`):
-    at distance i - j, without p2p and without dropout (the static report has not compiled the distance tables
-    with dropout: such calls take the tables road)."""
-    return NEAR_BAND == "distance" and ij and not p2p and not dropout
+    at distance i - j, without p2p; with or without dropout (at `DROPOUT_TILES`' tiles where they differ)."""
+    return NEAR_BAND == "distance" and ij and not p2p
 
 
 def _aligned(n: int) -> int:
@@ -1005,9 +1005,10 @@ def triton_attention(
         lo, hi, lut = geom.cached(
             ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
         )
-        if (c2p or p2c) and _uses_distance(ij, p2p, drop_t > 0):
-            # one reach for both directions: the largest tiles of the three kernels
-            span = max(t.block_m + t.block_n for t in (tiles_for(device, D, name) for name in KERNEL_NAMES))
+        if (c2p or p2c) and _uses_distance(ij, p2p):
+            # one reach for both directions: the largest tiles of the three kernels (those they run with dropout)
+            tiles = (tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES)
+            span = max(t.block_m + t.block_n for t in tiles)
             reach = _distance_reach(sat, NQ, NK, span)
             cells = geom.cached(
                 ("triton-cells", rel, sat, rows, reach, device), lambda: _distance_cells(lut, sat, reach)

@@ -46,8 +46,7 @@ def configurations(everything: bool):
                 yield "bf16", head_dim, flags, 90
                 yield "bf16", head_dim, dict(flags, IJ=False), 90
                 yield "bf16", head_dim, dict(flags, SKEW=True), 90  # skewed where served (`_buildable`)
-                if not dropout:  # distance tables: without dropout
-                    yield "bf16", head_dim, dict(flags, DIST=True), 90
+                yield "bf16", head_dim, dict(flags, DIST=True), 90
         return
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on
@@ -61,13 +60,12 @@ def configurations(everything: bool):
 def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     """The flags as the backend would build them for ``kernel``: skewed only at distance i - j, where
     `SKEW_TILES` / `SKEW_DROPOUT_TILES` serve the kernel's direction at the head dim (`triton_backend._uses_skew`);
-    distance tables only at distance i - j, with position terms, without dropout and not skewed
-    (`triton_backend._uses_distance`)."""
+    distance tables only at distance i - j, with position terms and not skewed (`triton_backend._uses_distance`)."""
     served = skew_served(head_dim, FORWARD if kernel == "_fwd_kernel" else BACKWARD, flags["DROPOUT"])
     if flags["SKEW"] and (not served or not flags["IJ"]):
         flags = dict(flags, SKEW=False)
     terms = flags["HAS_ROW"] or flags["HAS_COL"]
-    if flags["DIST"] and (flags["SKEW"] or flags["DROPOUT"] or not flags["IJ"] or not terms):
+    if flags["DIST"] and (flags["SKEW"] or not flags["IJ"] or not terms):
         flags = dict(flags, DIST=False)
     return flags
 

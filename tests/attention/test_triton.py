@@ -788,21 +788,40 @@ def test_distance_reach_covers_every_near_tile():
 def test_distance_tables_only_where_they_apply(monkeypatch):
     uses = triton_backend._uses_distance
     _near_band(monkeypatch, "distance")
-    assert uses(True, False, False)
-    assert not uses(False, False, False)  # explicit positions
-    assert not uses(True, True, False)  # p2p
-    assert not uses(True, False, True)  # dropout: the tables road
+    assert uses(True, False)
+    assert not uses(False, False)  # explicit positions
+    assert not uses(True, True)  # p2p
     _near_band(monkeypatch, "tables")
-    assert not uses(True, False, False)
+    assert not uses(True, False)
 
 
-def test_distance_road_with_dropout_gathers_from_the_tables(monkeypatch):
-    """With dropout the distance road's calls take the tables road (`_uses_distance`) and still apply the
-    kernels' mask."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["n70_saturating", "padding", "packed_causal", "cross_nq_gt_nk"])
+def test_distance_tables_with_dropout_equal_eager_with_the_kernels_mask(monkeypatch, name, dtype):
+    """With dropout the distance road applies the kernels' one mask (it does not depend on the road or the
+    tiles): output and every gradient equal eager's probabilities times it; both directions took the road."""
     _near_band(monkeypatch, "distance")
     reaches = _distance_reaches(monkeypatch)
-    _compare_with_dropout(monkeypatch, GRID["n70_saturating"], torch.float32, DEVICE, 0.3)
-    assert reaches == []
+    _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
+    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches
+
+
+def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch):
+    """The reach counts the largest tiles of the kernels as they run: with dropout, those of `DROPOUT_TILES`
+    (here a dropout tile larger than every inference tile widens it)."""
+    c = GRID["n70_saturating"]
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    small, large = triton_backend.Tiles(16, 16, 1, 1), triton_backend.Tiles(32, 64, 1, 1)
+    monkeypatch.setattr(triton_backend, "tiles_for", lambda device, d, name, dropout=False, skew=False: (
+        large if dropout and name == "_dkv_kernel" else small
+    ))  # fmt: skip
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    for p in (0.0, 0.3):
+        _run(triton_attention, c, inputs, geom, dropout_p=p)
+    assert len(reaches) == 4 and reaches[0] == reaches[1] and reaches[2] == reaches[3], reaches
+    assert reaches[2] > reaches[0], reaches
 
 
 # ------------------------------------------------------------------------------------------------- dropout
@@ -1342,6 +1361,17 @@ def test_distance_tables_match_eager_gpu(monkeypatch, name, dtype):
     _near_band(monkeypatch, "distance")
     reaches = _distance_reaches(monkeypatch)
     _compare(GPU_GRID[name], dtype, "cuda")
+    assert len(reaches) == 2, reaches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal", "v3_cross"])
+def test_distance_tables_with_dropout_match_eager_gpu(monkeypatch, name, dtype):
+    """With dropout at `DROPOUT_TILES`' tiles (the reach sized for them): the mask the other roads draw."""
+    _near_band(monkeypatch, "distance")
+    reaches = _distance_reaches(monkeypatch)
+    _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
     assert len(reaches) == 2, reaches
 
 
