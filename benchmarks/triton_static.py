@@ -11,14 +11,14 @@ compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding:
 ``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask, causal),
 each without and with dropout on the probabilities (``+dropout``: the
 kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
-read from distance tables (``v3+dist``, ``packed+dist``: `triton_backend.NEAR_BAND` = "distance", which runs
-without dropout at the tiles of `GPU_TILES`) and computed from the position tables (``v3+skew``,
-``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` = "skew"); the forward also with no position
-terms (``plain``): plain attention in the same kernel, the control.
+read from distance tables (``v3+dist``, ``packed+dist``, and both ``+dropout``: `triton_backend.NEAR_BAND` =
+"distance", which runs at the tiles of `GPU_TILES`, with dropout at those of `DROPOUT_TILES`) and computed
+from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` =
+"skew"); the forward also with no position terms (``plain``): plain attention in the same kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
-distance-table sets; ``dropout``: the three with dropout; ``skew``: the two skewed sets; ``skew+dropout``: those
-with dropout) when none of its sets spills;
+distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
+it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills;
 among those, one whose matrix products use HGMMA in every set is preferred, then the largest tile, then the
 squarer one, then the longer side along the kernel's loop (keys for the forward and dQ, queries for dK/dV),
 then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES` (and, where dropout
@@ -61,12 +61,15 @@ _SETS = {
     "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, **_ROADS),
     "worst": dict(IJ=False, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, **_ROADS),
 }
-# the near band read from distance tables (`triton_backend.NEAR_BAND` = "distance"): no dropout, GPU_TILES' tiles
+# the near band read from distance tables (`triton_backend.NEAR_BAND` = "distance"): at GPU_TILES' tiles, and
+# with dropout at DROPOUT_TILES'
 _DIST_SETS = {f"{name}+dist": dict(_SETS[name], DROPOUT=False, DIST=True) for name in ("v3", "packed")}
+_DIST_DROPOUT_SETS = {f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _DIST_SETS.items()}
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **_DIST_SETS,
     **{f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _SETS.items()},
+    **_DIST_DROPOUT_SETS,
     **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
     **{f"{name}+skew+dropout": dict(_SETS[name], DROPOUT=True, SKEW=True) for name in ("v3", "packed")},
     "plain": dict(
@@ -84,6 +87,7 @@ USES = {
     "inference": tuple(_SETS),
     "dist": tuple(_DIST_SETS),  # shown, not configured: the distance road runs at the inference tiles
     "dropout": tuple(f"{name}+dropout" for name in _SETS),
+    "dist+dropout": tuple(_DIST_DROPOUT_SETS),  # shown, not configured: at the dropout tiles
     "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
     "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
 }
@@ -294,7 +298,8 @@ def write_report(
         "cubins, and the loads left inside a branch of the Triton GPU IR (issued when reached, not prefetched by",
         "the software pipeliner). Static only: no timing. **←** marks the tiles chosen per kernel, head dim and",
         "use (inference: the sets without dropout; dist: the `+dist` sets, the near band read from distance tables,",
-        "shown only: that road runs at the inference tiles; dropout: the `+dropout` sets; skew: the `+skew` sets,",
+        "shown only: that road runs at the inference tiles; dropout: the `+dropout` sets of the other roads;",
+        "dist+dropout: the `+dist+dropout` sets, shown only: that road runs at the dropout tiles; skew: the `+skew` sets,",
         "the near band computed from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in",
         "any set of",
         "the use under any of the Triton versions; then HGMMA in all, the largest tile, the squarer tile, the",

@@ -884,6 +884,8 @@ def _dkv_queries(
 ):  # fmt: skip
     """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
     (tiles of one KIND)."""
+    # a far run's dS, summed over the queries at its end
+    far_ds = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start_m in range(start, end, BLOCK_M):
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
             Q, QPOS, QSEG, ROW, start_m // BLOCK_M, NQ, R, SQN, end_l, end_r,
@@ -908,10 +910,21 @@ def _dkv_queries(
         ds = p * (dp - dlt[:, None])
         dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC)
         if HAS_COL:
-            far_l, far_r = _table_grad(
-                DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
-                0, IJ,
-            )  # fmt: skip
+            if KIND == _FAR_LEFT or KIND == _FAR_RIGHT:  # known at compile time
+                # one table entry per key for the whole run: an addition per element here, and one sum over
+                # the queries when the run ends. A sum per tile (`_table_grad`) crosses the warps, which split
+                # the queries: shuffles and barriers in the loop that dominates long inputs
+                far_ds += ds
+            else:
+                far_l, far_r = _table_grad(
+                    DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
+                    0, IJ,
+                )  # fmt: skip
+    if HAS_COL:
+        if KIND == _FAR_LEFT:
+            far_l += tl.sum(far_ds, 0)
+        elif KIND == _FAR_RIGHT:
+            far_r += tl.sum(far_ds, 0)
     return dk, dv, far_l, far_r
 
 
