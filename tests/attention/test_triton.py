@@ -807,8 +807,9 @@ def test_distance_tables_with_dropout_equal_eager_with_the_kernels_mask(monkeypa
 
 
 def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch):
-    """The reach counts the largest tiles of the kernels as they run: with dropout, those of `DROPOUT_TILES`
-    (here a dropout tile larger than every inference tile widens it)."""
+    """The reach counts the largest tiles of the kernels as they run: with dropout, those of `DROPOUT_TILES`.
+    Here the dK/dV kernel runs a dropout tile larger than every inference tile: the reach widens, and the
+    gradients it gives (its near tiles reach farther) still equal eager's with the kernels' mask."""
     c = GRID["n70_saturating"]
     _near_band(monkeypatch, "distance")
     reaches = _distance_reaches(monkeypatch)
@@ -816,10 +817,8 @@ def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch
     monkeypatch.setattr(triton_backend, "tiles_for", lambda device, d, name, dropout=False, skew=False: (
         large if dropout and name == "_dkv_kernel" else small
     ))  # fmt: skip
-    geom = _geometry(c, DEVICE)
-    inputs = _inputs(c, torch.float32, DEVICE)
-    for p in (0.0, 0.3):
-        _run(triton_attention, c, inputs, geom, dropout_p=p)
+    _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
+    _compare_with_dropout(monkeypatch, c, torch.float32, DEVICE, 0.3)
     assert len(reaches) == 4 and reaches[0] == reaches[1] and reaches[2] == reaches[3], reaches
     assert reaches[2] > reaches[0], reaches
 
