@@ -663,6 +663,26 @@ def _distance_reaches(monkeypatch) -> list[int]:
     return reaches
 
 
+def _on_road(monkeypatch, road: str):
+    """Selects ``NEAR_BAND = road`` ("skew" or "distance") and returns a check that the call's forward and
+    backward both took it: the skewed kernels build tables of the two saturated ends only (R = 2), the distance
+    road builds its tables once per direction, at one reach."""
+    _near_band(monkeypatch, road)
+    if road == "skew":
+        widths = _table_widths(monkeypatch)
+
+        def check():
+            assert widths == [2, 2], widths
+
+    else:
+        reaches = _distance_reaches(monkeypatch)
+
+        def check():
+            assert len(reaches) == 2 and reaches[0] == reaches[1], reaches
+
+    return check
+
+
 @pytest.mark.parametrize("name", DIST_GRID)
 def test_distance_tables_match_eager_float32(monkeypatch, name):
     """Forward and backward reading the near band from distance tables (two strided tile loads per near tile,
@@ -795,17 +815,6 @@ def test_distance_tables_only_where_they_apply(monkeypatch):
     assert not uses(True, False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["n70_saturating", "padding", "packed_causal", "cross_nq_gt_nk"])
-def test_distance_tables_with_dropout_equal_eager_with_the_kernels_mask(monkeypatch, name, dtype):
-    """With dropout the distance road applies the kernels' one mask (it does not depend on the road or the
-    tiles): output and every gradient equal eager's probabilities times it; both directions took the road."""
-    _near_band(monkeypatch, "distance")
-    reaches = _distance_reaches(monkeypatch)
-    _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
-    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches
-
-
 def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch):
     """The reach counts the largest tiles of the kernels as they run: with dropout, those of `DROPOUT_TILES`.
     Here the dK/dV kernel runs a dropout tile larger than every inference tile: the reach widens, and the
@@ -901,14 +910,18 @@ def test_bfloat16_dropout_gradients_are_as_close_to_float32_as_without_dropout(m
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["n70_saturating", "p2c_only", "packed_causal", "cross_nq_gt_nk"])
-def test_skewed_kernels_with_dropout_equal_eager_with_the_kernels_mask(monkeypatch, name, dtype):
-    """The skewed kernels draw the same mask (it depends on (seed, b·H + h, i, j) only): forward and backward
-    on the skewed road, no N×R table built."""
-    _near_band(monkeypatch, "skew")
-    widths = _table_widths(monkeypatch)
+@pytest.mark.parametrize(
+    "road, name",
+    [("skew", n) for n in ("n70_saturating", "p2c_only", "packed_causal", "cross_nq_gt_nk")]
+    + [("distance", n) for n in ("n70_saturating", "padding", "packed_causal", "cross_nq_gt_nk")],
+)
+def test_near_band_roads_with_dropout_equal_eager_with_the_kernels_mask(monkeypatch, road, name, dtype):
+    """The skewed kernels and the distance road draw the tables road's mask (it depends on (seed, b·H + h, i, j)
+    only, not on the road or the tiles): output and every gradient equal eager's probabilities times it;
+    forward and backward took the road (`_on_road`)."""
+    took_road = _on_road(monkeypatch, road)
     _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
-    assert widths == [2, 2], widths
+    took_road()
 
 
 class _Ops(TorchDispatchMode):
@@ -1272,12 +1285,13 @@ def test_dropout_matches_eager_gpu(monkeypatch, name, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal", "v3_cross"])
-def test_skewed_kernels_with_dropout_match_eager_gpu(monkeypatch, name, dtype):
-    """The skewed kernels' own tiles (`SKEW_DROPOUT_TILES`) draw the mask the other kernels draw."""
-    _near_band(monkeypatch, "skew")
-    widths = _table_widths(monkeypatch)
+@pytest.mark.parametrize("road", ["skew", "distance"])
+def test_near_band_roads_with_dropout_match_eager_gpu(monkeypatch, road, name, dtype):
+    """The skewed kernels' own tiles (`SKEW_DROPOUT_TILES`), and the distance road at `DROPOUT_TILES`' (its
+    reach sized for them), draw the mask the other kernels draw."""
+    took_road = _on_road(monkeypatch, road)
     _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
-    assert widths == [2, 2], widths  # both directions took the skewed road
+    took_road()
 
 
 def _attend_v3(c: Case, geom: Geometry, *tensors, p: float = 0.1) -> torch.Tensor:
@@ -1360,17 +1374,6 @@ def test_distance_tables_match_eager_gpu(monkeypatch, name, dtype):
     _near_band(monkeypatch, "distance")
     reaches = _distance_reaches(monkeypatch)
     _compare(GPU_GRID[name], dtype, "cuda")
-    assert len(reaches) == 2, reaches
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["v3_padding", "v3_packed_causal", "v3_cross"])
-def test_distance_tables_with_dropout_match_eager_gpu(monkeypatch, name, dtype):
-    """With dropout at `DROPOUT_TILES`' tiles (the reach sized for them): the mask the other roads draw."""
-    _near_band(monkeypatch, "distance")
-    reaches = _distance_reaches(monkeypatch)
-    _compare_with_dropout(monkeypatch, GPU_GRID[name], dtype, "cuda", 0.1)
     assert len(reaches) == 2, reaches
 
 
