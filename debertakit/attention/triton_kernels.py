@@ -247,18 +247,27 @@ def _skew_terms(
 
 
 @triton.jit
-def _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr):
+def _distance_terms(
+    ROW, COL, offs_m, offs_n, R, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr, KEYS_OWNED: tl.constexpr
+):
     """c2p + p2c (BLOCK_M, BLOCK_N) of a near tile at distance i - j from the distance tables, scaled (see the
     module docstring). ROW / COL point at the cell of distance 0 of the program's first row: pair (i, j) sits at
     i·(R + 1) + (j - i) = i·R + j in ROW and j·R + i in COL, so a tile is a strided block of each, rows of
     consecutive cells: two plain tile loads, as for K and V. No mask: a near tile's pairs within the sequences
     lie within R / 2 of distance 0, in their own row; a pair with a row or column past the end reads a cell of
     a neighbouring row, of the next (b, h) or of the zeros the caller leaves after the last one (finite values,
-    and the pair's score is discarded: see `_tile`)."""
+    and the pair's score is discarded: see `_tile`).
+    The table of the side the program owns (ROW: query rows, COL: key rows; ``KEYS_OWNED`` for the dK/dV kernel)
+    loads first. The order is the source's only, yet it decides what Triton's pipeliner makes of the two loads:
+    with the other table first, the static report's near loops grow by a third (the dK/dV kernel's ROW tile is
+    then prefetched into registers and converted through shared memory, and the saturated sums follow it into a
+    layout that splits the queries across warps)."""
     terms = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
+    if HAS_COL and KEYS_OWNED:
+        terms += tl.load(COL + (offs_m[:, None] + offs_n[None, :] * R)).to(tl.float32)
     if HAS_ROW:
         terms += tl.load(ROW + (offs_m[:, None] * R + offs_n[None, :])).to(tl.float32)
-    if HAS_COL:
+    if HAS_COL and not KEYS_OWNED:
         terms += tl.load(COL + (offs_m[:, None] + offs_n[None, :] * R)).to(tl.float32)
     return terms
 
@@ -320,6 +329,7 @@ def _tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
+    KEYS_OWNED: tl.constexpr,
 ):  # fmt: skip
     """Scores (BLOCK_M, BLOCK_N) float32 of one tile, -inf where hidden; the visibility mask; the key positions;
     whether the whole tile lies beyond the saturation on the left / on the right. Pointers are already offset to
@@ -358,7 +368,7 @@ def _tile(
                 s += (row_l * table_scale)[:, None]
             s += (_far_col(FARL, offs_n) * table_scale)[None, :]
         elif DIST:
-            s += _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW, HAS_COL)
+            s += _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW, HAS_COL, KEYS_OWNED)
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
@@ -553,6 +563,7 @@ def _key_block(
         q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
         ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
         BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
+        False,
     )  # fmt: skip
     return k, v, s, allowed, kpos, far_left, far_right
 
@@ -898,6 +909,7 @@ def _dkv_queries(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
             ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
+            True,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), PREC)
