@@ -259,9 +259,10 @@ def _distance_terms(
     and the pair's score is discarded: see `_tile`).
     The table of the side the program owns (ROW: query rows, COL: key rows; ``KEYS_OWNED`` for the dK/dV kernel)
     loads first. The order is the source's only, yet it decides what Triton's pipeliner makes of the two loads:
-    with the other table first, the static report's near loops grow by a third (the dK/dV kernel's ROW tile is
-    then prefetched into registers and converted through shared memory, and the saturated sums follow it into a
-    layout that splits the queries across warps)."""
+    with the other table first, the static report's near loops grow (dK/dV at 32x64: 475 -> 669 instructions a
+    thread under Triton 3.9; the forward at 64x32 with 4 warps: 439 -> 705). There the dK/dV kernel's ROW tile
+    is prefetched into registers and converted through shared memory, and the saturated sums follow it into a
+    layout that splits the queries across warps."""
     terms = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
     if HAS_COL and KEYS_OWNED:
         terms += tl.load(COL + (offs_m[:, None] + offs_n[None, :] * R)).to(tl.float32)

@@ -1170,6 +1170,34 @@ def test_gpu_timed_tiles_beat_the_static_choice_in_the_committed_timings():
     assert now == _benchmark_module().gpu_tiles()
 
 
+def test_static_report_source_hash_sees_the_code_not_its_comments():
+    """The report's rows stay valid across edits that compile to nothing (docstrings, comments, blank lines,
+    line endings) and go stale at any change of code."""
+    from pathlib import Path
+
+    from debertakit.attention import triton_kernels
+
+    code_hash = _benchmark_module("triton_static").code_hash
+    base = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    same = [
+        base.replace("Doc.", "Another doc."),
+        base.replace("# one", "# two"),
+        base.replace("\n", "\r\n"),
+        base.replace("def f", "\n\ndef f"),
+    ]
+    assert {code_hash(s) for s in same} == {code_hash(base)}
+    for changed in (
+        base.replace("x + 1", "x + 2"),
+        base.replace("x + 1", "1 + x"),
+        base.replace("f(x)", "g(x)"),
+    ):
+        assert code_hash(changed) != code_hash(base), changed
+    kernels = Path(triton_kernels.__file__).read_text()
+    first = kernels.index('"""', kernels.index("@triton.jit")) + 3
+    assert code_hash(kernels[:first] + "Edited. " + kernels[first:]) == code_hash(kernels)
+    assert code_hash(kernels.replace("tl.float32", "tl.float16", 1)) != code_hash(kernels)
+
+
 def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsys):
     static = _benchmark_module("triton_static")
 
