@@ -13,7 +13,7 @@ Sections (all bfloat16 on one CUDA device):
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
    runs the q/k/v and position projections: its time includes them). ``triton distance`` is ``triton`` with
    `triton_backend.NEAR_BAND` = "distance": the near band read from the N×R products laid out by distance (two
-   strided tile loads per near tile instead of gathered cells; forward and backward, not with dropout);
+   strided tile loads per near tile instead of gathered cells; forward and backward, with dropout too);
    ``triton skew-forward``, with "skew-forward": the forward's near band computed from the position tables inside
    the kernel instead of gathered from N×R products (the backward as in ``triton``); ``triton skew``, with
    "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the four rows decide
