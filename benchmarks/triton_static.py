@@ -129,19 +129,12 @@ def code_hash(source: str) -> str:
     endings (the module parsed, its docstrings dropped, unparsed again). Rows take minutes each to compile,
     and a comment made more exact should not make them stale."""
     tree = ast.parse(source)
+    # the nodes ast.get_docstring reads
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and _is_docstring(body[0]):
-            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, documented) and ast.get_docstring(node, clean=False) is not None:
+            node.body = node.body[1:] or [ast.Pass()]
     return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()[:16]
-
-
-def _is_docstring(stmt: ast.stmt) -> bool:
-    return (
-        isinstance(stmt, ast.Expr)
-        and isinstance(stmt.value, ast.Constant)
-        and isinstance(stmt.value.value, str)
-    )
 
 
 def kernel_source_hash() -> str:
