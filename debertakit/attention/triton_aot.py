@@ -6,9 +6,10 @@ a kernel compiles at all for a target (what the CPU interpreter cannot check), i
 local-memory stack (register spills, ``STL`` / ``LDL`` instructions), its shared memory, and whether its matrix
 products run on Hopper's warpgroup tensor-core instructions (``HGMMA``) or the older ``HMMA``, how many loads
 sit inside a branch of the Triton GPU IR, where the software pipeliner does not prefetch them, and how many
-instructions the body of each loop over tiles holds (`tile_loops`: the static cost of one tile). It cannot tell
-speed. Used by ``tests/attention/compile_triton_kernels.py`` and ``benchmarks/triton_static.py``; run in a
-process where ``TRITON_INTERPRET`` is not set (the kernels must be JIT functions).
+instructions the body of each loop over tiles holds (`tile_loops`: the static cost of one tile), and whether
+some warps repeat others' products (`replication`). It cannot tell speed. Used by
+``tests/attention/compile_triton_kernels.py`` and ``benchmarks/triton_static.py``; run in a process where
+``TRITON_INTERPRET`` is not set (the kernels must be JIT functions).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
 MMA_OPS = ("HGMMA", "HMMA")
 # "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the address and the opcode, after an optional predicate
 _SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
+# "#mma1 = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 32, 16]}>":
+# a tensor-core layout of the Triton GPU IR, its warps and the rows and columns one warp's instruction covers
+_MMA_LAYOUT = re.compile(
+    r"^(#mma\d*) = #ttg\.nvidia_mma<\{.*?warpsPerCTA = \[(\d+), (\d+)\].*?instrShape = \[(\d+), (\d+)", re.M
+)
+# "... = ttng.warp_group_dot %a, %b, %c ... -> tensor<64x64xf32, #mma1>" (Hopper), "tt.dot" (earlier GPUs)
+_DOT_RESULT = re.compile(r"(?:ttng\.warp_group_dot|tt\.dot) .*-> tensor<(\d+)x(\d+)x\w+, (#mma\d*)>")
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,7 @@ class Compiled:
     ops: dict[str, int]  # counts of SASS_OPS in the disassembly
     branch_loads: int  # loads inside an scf.if of the TTGIR: issued when reached, not prefetched a tile ahead
     tile_loops: list[int]  # instructions in the body of each loop over tiles, in address order (`tile_loops`)
+    replication: int  # how many warps compute each result of the most replicated product (`replication`)
 
 
 def tile_loops(sass: str) -> list[int]:
@@ -110,6 +119,23 @@ def branch_loads(ttgir: str) -> int:
         if text.endswith("{"):
             regions.append(" scf.if " in f" {text} ")
     return found
+
+
+def replication(ttgir: str) -> int:
+    """How many times over the kernel computes its most replicated matrix product, from the Triton GPU IR: a
+    tensor-core layout spreads its warps over the result's rows and columns (``warpsPerCTA``), each warp's
+    instruction covering ``instrShape`` of them; where the warps along a side cover more than the result has,
+    the surplus warps repeat the others' work (broadcast copies of the same values). A 64-row tile with 8 warps,
+    for one: Triton may lay the scores' product over 8 warps along the rows, two warpgroups of 64 rows each, and
+    both then compute every score, exponentiate it and add its position terms (1: no product is replicated)."""
+    layouts = {name: [int(x) for x in rest] for name, *rest in _MMA_LAYOUT.findall(ttgir)}
+    factors = []
+    for rows, cols, name in _DOT_RESULT.findall(ttgir):
+        warps_m, warps_n, instr_m, instr_n = layouts[name]
+        factors.append(max(1, warps_m * instr_m // int(rows)) * max(1, warps_n * instr_n // int(cols)))
+    if not factors:
+        raise RuntimeError("no tensor-core product found in the Triton GPU IR")
+    return max(factors)
 
 
 def signature(fn, dtype: str, constexprs: dict) -> dict:
@@ -196,4 +222,5 @@ def compile_kernel(
         ops={op: counts.get(op, 0) for op in SASS_OPS},
         branch_loads=branch_loads(compiled.asm["ttgir"]),
         tile_loops=tile_loops(sass.stdout),
+        replication=replication(compiled.asm["ttgir"]),
     )

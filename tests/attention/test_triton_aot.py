@@ -1,9 +1,11 @@
 """`triton_aot`'s reading of compiled kernels that needs no compiler: the loads left inside branches of a TTGIR,
-the loops over tiles of a SASS listing."""
+the loops over tiles of a SASS listing, the replicated matrix products of a TTGIR."""
 
 from __future__ import annotations
 
-from debertakit.attention.triton_aot import branch_loads, tile_loops
+import pytest
+
+from debertakit.attention.triton_aot import branch_loads, replication, tile_loops
 
 # the printer's layout (Triton 3.6 / 3.9): a loop whose K tile arrives by asynchronous copy, a two-level branch
 # with a load on each of its three paths, a reduction region (braces inside types and around the region) and a
@@ -68,3 +70,32 @@ def test_tile_loops_counts_the_bodies_of_loops_with_a_matrix_product():
     assert tile_loops(SASS.replace("HGMMA.64x32x16.F32.BF16", "HMMA.16816.F32.BF16")) == [4]
     assert tile_loops(SASS.replace("STS [R1], RZ", "HMMA.16816.F32.BF16 R4, R8, R12, R4")) == [4, 2]
     assert tile_loops(SASS.replace("@!P1 BRA 0x20", "@!P1 BRA 0x60")) == []  # no backward branch over it
+
+
+# the printer's layout (Triton 3.6 / 3.9): the forward at 64x64 with 8 warps, its scores' product over 8 warps
+# along 64 rows (two warpgroups of 64 rows: each computes every score), P·V over 4 x 2 warps
+PRODUCTS = """\
+#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 2], instrShape = [16, 32, 16]}>
+#mma1 = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 32, 16]}>
+      %s_291 = ttng.warp_group_dot %q_94, %s_289, %cst_4 {inputPrecision = 0 : i32, isAsync = true} : !ttg.memdesc<64x64xbf16, #shared, #smem> * !ttg.memdesc<64x64xbf16, #shared2, #smem, mutable> -> tensor<64x64xf32, #mma1> loc(#loc438)
+      %acc_1 = ttng.warp_group_dot %p, %v, %acc {inputPrecision = 0 : i32, isAsync = true} : tensor<64x64xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 2}>> * !ttg.memdesc<64x64xbf16, #shared, #smem, mutable> -> tensor<64x64xf32, #mma> loc(#loc422)
+"""
+
+
+def test_replication_is_the_most_repeated_products_factor():
+    assert replication(PRODUCTS) == 2  # 8 warps x 16 rows over 64 rows
+    assert replication(PRODUCTS.replace("-> tensor<64x64xf32, #mma1>", "-> tensor<128x64xf32, #mma1>")) == 1
+    assert replication(PRODUCTS.replace("warpsPerCTA = [8, 1]", "warpsPerCTA = [4, 2]")) == 1
+    # the older tensor cores (tt.dot): 8 warps x 8 columns over a 32 x 32 tile, along the columns this time
+    older = (
+        "#mma = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [1, 8], instrShape = [16, 8]}>\n"
+        "    %s = tt.dot %k, %q, %z, inputPrecision = tf32 : tensor<32x64xbf16, #ttg.dot_op<{opIdx = 0, parent = "
+        "#mma, kWidth = 8}>> * tensor<64x32xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma, kWidth = 8}>> -> "
+        "tensor<32x32xf32, #mma> loc(#loc1)\n"
+    )
+    assert replication(older) == 2
+    assert replication(older.replace("[1, 8]", "[2, 4]")) == 1
+    # both sides over-covered multiply
+    assert replication(older.replace("[1, 8]", "[4, 8]")) == 4
+    with pytest.raises(RuntimeError, match="no tensor-core product"):
+        replication(LOOP)
