@@ -3,27 +3,30 @@
 For each kernel (forward, dQ, dK/dV), head dim and candidate tile shape it compiles the kernel with Triton's
 own ptxas and reads the cubin (`debertakit.attention.triton_aot`): registers per thread, local-memory stack
 (register spills), shared memory, the number of warpgroup tensor-core instructions (HGMMA) against the older
-HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, the
-loads left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
+HMMA, global loads (LDG: the near band's gathers are one per element), instructions in the binary, the loads
+left inside a branch of the Triton GPU IR (not prefetched by the software pipeliner; see
 `triton_aot.branch_loads`), and the instructions in the body of each loop over tiles (`triton_aot.tile_loops`:
-at distance i - j the far, near and far runs; what one tile of each costs a thread). Each configuration is
-compiled for three feature sets: ``v3`` (distance i - j, c2p + p2c, key padding: a padded v3 batch),
-``packed`` (the same with segments and causal) and ``worst`` (explicit positions, segments, key mask, causal),
-each without and with dropout on the probabilities (``+dropout``: the
-kernels draw the mask with Philox, which needs registers). Every kernel is also compiled with its near band
-read from distance tables (``v3+dist``, ``packed+dist``, and both ``+dropout``: `triton_backend.NEAR_BAND` =
-"distance", which runs at the tiles of `GPU_TILES`, with dropout at those of `DROPOUT_TILES`) and computed
-from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``: `triton_backend.NEAR_BAND` =
-"skew"); the forward also with no position terms (``plain``): plain attention in the same kernel, the control.
+at distance i - j the far, near and far runs; what one tile of each costs a thread), and how many times over
+the most replicated matrix product is computed (`triton_aot.replication`: 2 where two warpgroups both compute
+every score of a 64-row tile, say). Each configuration is compiled for three feature sets: ``v3`` (distance
+i - j, c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with segments and causal) and ``worst``
+(explicit positions, segments, key mask, causal), each without and with dropout on the probabilities
+(``+dropout``: the kernels draw the mask with Philox, which needs registers). Every kernel is also compiled
+with its near band read from distance tables (``v3+dist``, ``packed+dist``, and both ``+dropout``:
+`triton_backend.NEAR_BAND` = "distance", which runs at the tiles of `GPU_TILES`, with dropout at those of
+`DROPOUT_TILES`) and computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
+`triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
+the same kernel, the control.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
 distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
-it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills;
-among those, one whose matrix products use HGMMA in every set is preferred, then the largest tile, then the
-squarer one, then the longer side along the kernel's loop (keys for the forward and dQ, queries for dK/dV),
-then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES` (and, where dropout
-needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels `triton_backend.SKEW_TILES` and
-`SKEW_DROPOUT_TILES`) holds. This says nothing about speed (no GPU here):
+it; ``skew``: the two skewed sets; ``skew+dropout``: those with dropout) when none of its sets spills; among
+those, one that repeats no product in any set is preferred (replicated warps do the same work twice: the
+scores, their position terms and exponentials), then one whose matrix products use HGMMA in every set, then
+the largest tile, then the squarer one, then the longer side along the kernel's loop (keys for the forward and
+dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: what `triton_backend.GPU_TILES`
+(and, where dropout needs other tiles, `triton_backend.DROPOUT_TILES`; for the skewed kernels
+`triton_backend.SKEW_TILES` and `SKEW_DROPOUT_TILES`) holds. This says nothing about speed (no GPU here):
 `benchmarks/attention_gpu.py --tiles` times candidates.
 
 Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
@@ -147,14 +150,28 @@ def load_report() -> dict:
     return json.loads(path.read_text()) if path.exists() else dict(versions={}, rows=[])
 
 
+# what `choose` and `table` read of a compiled row beyond the first reports' fields
+ROW_FIELDS = ("replication",)
+
+
 def current_rows(report: dict, source: str) -> tuple[dict, list[dict]]:
-    """The report's versions and rows compiled from ``source``; those of other sources are dropped, loudly."""
-    versions = {v: e for v, e in report.get("versions", {}).items() if e["source"] == source}
-    for v in sorted(set(report.get("versions", {})) - set(versions)):
-        print(
-            f"dropping the rows of Triton {v}: compiled from another kernel source (run the report with it again)"
-        )
-    return versions, [r for r in report.get("rows", []) if r.get("triton") in versions]
+    """The report's versions and rows compiled from ``source`` and read with every field of `ROW_FIELDS`; those
+    of other sources, or read before a field was added, are dropped, loudly."""
+    rows = report.get("rows", [])
+    versions = {}
+    for v, e in sorted(report.get("versions", {}).items()):
+        mine = [r for r in rows if r.get("triton") == v and "error" not in r]
+        if e["source"] != source:
+            print(
+                f"dropping the rows of Triton {v}: compiled from another kernel source (run the report with it again)"
+            )
+        elif not all(f in r for r in mine for f in ROW_FIELDS):
+            print(
+                f"dropping the rows of Triton {v}: read without one of {ROW_FIELDS} (run the report with it again)"
+            )
+        else:
+            versions[v] = e
+    return versions, [r for r in rows if r.get("triton") in versions]
 
 
 def _one(job: tuple) -> dict:
@@ -172,8 +189,8 @@ def _one(job: tuple) -> dict:
 
 def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
     """Per (kernel, head dim, use): no spills in any feature set of the use under any Triton version of the rows
-    (each version must have compiled it); then HGMMA in all of them, the largest tile, the squarer tile, the
-    longer side along the kernel's loop, fewer warps."""
+    (each version must have compiled it); then no replicated product in any of them, HGMMA in all of them, the
+    largest tile, the squarer tile, the longer side along the kernel's loop, fewer warps."""
     versions = {r["triton"] for r in rows}
     by_cfg: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -186,6 +203,7 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
             "error" not in r and r["stack_bytes"] == 0 for r in rs
         ):
             continue
+        distinct = all(r["replication"] == 1 for r in rs)
         hgmma = all(r["ops"]["HGMMA"] > 0 for r in rs)
         m, n = (int(x) for x in tiles.split()[0].split("x"))
         warps = int(tiles.split()[1][1:])
@@ -193,7 +211,7 @@ def choose(rows: list[dict]) -> dict[tuple[str, int, str], str]:
         # and pays per-tile overheads such as the online-softmax rescale once per streamed block (1/streamed),
         # so m + n is what to minimise; then the longer side along the kernel's loop
         inner = m if kernel == "_dkv_kernel" else n
-        key = (hgmma, m * n, -(m + n), inner, -warps)
+        key = (distinct, hgmma, m * n, -(m + n), inner, -warps)
         if (kernel, hd, use) not in best or key > best[(kernel, hd, use)][0]:
             best[(kernel, hd, use)] = (key, tiles)
     return {k: v[1] for k, v in best.items()}
@@ -237,24 +255,25 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
 
 def table(rows: list[dict], chosen: dict) -> str:
     head = (
-        "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | LDG | instr |"
-        " loads in branches | tile loops |"
+        "| kernel | d | tiles | features | triton | regs | spill stack B | shared KiB | HGMMA | HMMA | replicated |"
+        " LDG | instr | loads in branches | tile loops |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         use = next((u for u, sets in USES.items() if r["features"] in sets), None)
         mark = " **←**" if chosen.get((r["kernel"], r["head_dim"], use)) == r["tiles"] else ""
         if "error" in r:
             lines.append(
                 f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
-                f"{r['error']} |  |  |  |  |  |  |  |  |"
+                f"{r['error']} |  |  |  |  |  |  |  |  |  |"
             )
             continue
         o = r["ops"]
         lines.append(
             f"| {r['kernel']} | {r['head_dim']} | {r['tiles']}{mark} | {r['features']} | {r['triton']} | "
             f"{r['registers']} | "
-            f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | {o['LDG']} | "
+            f"{r['stack_bytes']} | {r['shared_bytes'] / 1024:.0f} | {o['HGMMA']} | {o['HMMA']} | "
+            f"{r['replication']}× | {o['LDG']} | "
             f"{r['instructions']} | {r['branch_loads']} | {_loops(r.get('tile_loops', []))} |"
         )
     return "\n".join(lines)
@@ -314,9 +333,10 @@ def write_report(
         "shown only: that road runs at the inference tiles; dropout: the `+dropout` sets of the other roads;",
         "dist+dropout: the `+dist+dropout` sets, shown only: that road runs at the dropout tiles; skew: the `+skew` sets,",
         "the near band computed from the position tables; skew+dropout: the `+skew+dropout` sets): no spills in",
-        "any set of",
-        "the use under any of the Triton versions; then HGMMA in all, the largest tile, the squarer tile, the",
-        "longer side along the kernel's loop, fewer warps.",
+        "any set of the use under any of the Triton versions; then no replicated product in any (the",
+        "`replicated` column: how many times over the kernel computes its most replicated matrix product, 2 where",
+        "two warpgroups both compute every score of the tile), HGMMA in all, the largest tile, the squarer tile,",
+        "the longer side along the kernel's loop, fewer warps.",
         "",
         "Chosen:",
         "",

@@ -84,11 +84,13 @@ KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 # (`python benchmarks/attention_gpu.py --sections tiles`, rows in benchmarks/results/attention_gpu.json).
 # Elsewhere the static report's choice: the largest tile that compiles for sm_90 without register spills in
 # every feature set under every Triton version the report was run with (3.6, which PyTorch 2.11 pins, and 3.9),
-# preferring warpgroup tensor-core (HGMMA) code (`benchmarks/triton_static.py`, table in
+# preferring tiles whose warps repeat no product (`triton_aot.replication`), then warpgroup tensor-core (HGMMA)
+# code (`benchmarks/triton_static.py`, table in
 # benchmarks/results/triton_static.md). DROPOUT_TILES: the choice for the kernels with dropout, where it differs.
 GPU_TILES = {
     # timed on an H100 (bf16, v3 shape, batch·N = 16384): 64x32 with 4 warps for all three kernels against the
-    # static choice (forward and dQ 64x64 w8, dK/dV 32x64 w8), forward+backward 72 against 55 TFLOP/s at N = 8192
+    # static choice of the time (forward and dQ 64x64 w8, whose two warpgroups both computed every score, dK/dV
+    # 32x64 w8), forward+backward 72 against 55 TFLOP/s at N = 8192
     # and 101 against 67 at 16384, forward 133 against 76 at 16384 (the forward at 64x32 w4 takes 163 registers
     # a thread under Triton 3.6: three programs fit an SM's registers, where one 64x64 w8 program did).
     # dK/dV at 64x32 w4 spills in the static report (24 bytes under Triton 3.9 in the v3 set, more in the rarer
@@ -99,17 +101,17 @@ GPU_TILES = {
         "_dkv_kernel": Tiles(64, 32, 4, 2),
     },
     128: {
-        "_fwd_kernel": Tiles(64, 32, 8, 2),
+        "_fwd_kernel": Tiles(128, 16, 8, 2),
         "_dq_kernel": Tiles(128, 16, 8, 2),
-        "_dkv_kernel": Tiles(32, 32, 8, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
 }
 # the entries of GPU_TILES chosen by timing on a GPU, not by the static report (inference: without dropout)
 GPU_TIMED = {64: KERNEL_NAMES}
 DROPOUT_TILES = {
     64: {
-        "_fwd_kernel": Tiles(64, 64, 8, 2),  # the static choice: the timed tiles were not timed with dropout
-        "_dq_kernel": Tiles(64, 32, 8, 2),
+        "_fwd_kernel": Tiles(128, 16, 8, 2),  # the static choice: the timed tiles were not timed with dropout
+        "_dq_kernel": Tiles(128, 16, 8, 2),
         "_dkv_kernel": Tiles(32, 32, 4, 2),
     },
     128: {},
@@ -133,8 +135,8 @@ NEAR_BAND = "tables"
 SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 4, 2),
-        "_dq_kernel": Tiles(32, 32, 8, 2),
-        "_dkv_kernel": Tiles(32, 16, 4, 2),
+        "_dq_kernel": Tiles(16, 32, 4, 2),
+        "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     # head dim 128: no dQ or dK/dV tile compiles without spills under both Triton releases, so the skewed road
     # serves the forward only there (with 8 warps before the report with the distance tables: spill-free too)
@@ -145,7 +147,7 @@ SKEW_TILES = {
 SKEW_DROPOUT_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 4, 2),
-        "_dq_kernel": Tiles(32, 32, 8, 2),
+        "_dq_kernel": Tiles(16, 32, 4, 2),
         "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     128: {

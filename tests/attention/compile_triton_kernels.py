@@ -8,7 +8,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # with and without dropout, sm_90, checked
                                                               # for register spills and (at distance
                                                               # i - j) for loads left inside branches and
-                                                              # for one loop over tiles per run
+                                                              # for one loop over tiles per run, and for
+                                                              # products the warps compute twice
     python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80)
 """
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     # every compile states its FP fusion (`Tiles.options`): Triton 3.9 warns where one falls back on the default,
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
-    n, spills, unfetched, uncut, timed_spills = 0, [], [], [], []
+    n, spills, unfetched, uncut, replicated, timed_spills = 0, [], [], [], [], []
     for dtype, head_dim, every, capability in configurations(args.all):
         for name in KERNEL_NAMES:
             flags = _buildable(every, head_dim, name)
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
                 timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
                 (timed_spills if timed else spills).append(f"{name} d{head_dim} {tiles} {flags}: {c}")
+            # warps that repeat others' products do the tile's work twice (`triton_aot.replication`): the static
+            # report prefers tiles without, and found them for every kernel, head dim and use
+            if c is not None and c.replication > 1:
+                replicated.append(f"{name} d{head_dim} {tiles} {flags}: computed {c.replication} times over")
             # at distance i - j every loop visits one kind of tile (`triton_kernels._runs`): no load of the
             # loops may sit in a branch, where the pipeliner would not prefetch it
             if c is not None and flags["IJ"] and c.branch_loads:
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         ("register spills", spills),
         ("loads the pipeliner cannot prefetch", unfetched),
         ("loops not cut into three runs", uncut),
+        ("matrix products replicated across warps", replicated),
     )
     for title, problems in checks:
         if problems:

@@ -1145,29 +1145,43 @@ def test_gpu_tiles_are_the_static_reports_choice():
 
 def test_gpu_timed_tiles_beat_the_static_choice_in_the_committed_timings():
     """The tiles a GPU timed (`GPU_TIMED`) were, in the committed run (benchmarks/results/attention_gpu.json),
-    at least as fast as the static report's choice at every length swept, forward and forward+backward; and
-    attention_gpu_defaults.json was measured at the tiles configured now (a tile changed without a new
-    measurement fails here)."""
+    at least as fast as the tiles the run's `triton` rows used (the static report's choice then, recorded in its
+    environment) at every length swept, forward and forward+backward, and as fast as the report's choice now
+    wherever the sweep timed that tile for its kernel alone; and attention_gpu_defaults.json was measured at the
+    tiles configured now for the head dims it ran (a tile changed without a new measurement fails here)."""
     static = _results("triton_static.json")["chosen"]
     run = _results("attention_gpu.json")
+    rows = run["rows"]
     for head_dim, kernels in triton_backend.GPU_TIMED.items():
-        # the run's `triton` rows used the static choice for these kernels
-        for name in kernels:
-            assert (
-                run["environment"]["gpu_tiles"][f"d{head_dim} {name}"]
-                == static[f"{name} d{head_dim} inference"]
-            )
         timed = {str(triton_backend.GPU_TILES[head_dim][name]) for name in kernels}
         assert len(timed) == 1, "the sweep gives one tile to all the kernels it times"
-        row = f"triton {timed.pop()}"
-        swept = {r["n"]: r for r in run["rows"] if r["section"] == "tiles" and r["impl"] == row}
-        before = {r["n"]: r for r in run["rows"] if r["section"] == "attention" and r["impl"] == "triton"}
+        tile = timed.pop()
+        # the run's `triton` rows used other tiles for these kernels (the static choice of the time)
+        assert all(run["environment"]["gpu_tiles"][f"d{head_dim} {name}"] != tile for name in kernels)
+        swept = {r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {tile}"}
+        before = {r["n"]: r for r in rows if r["section"] == "attention" and r["impl"] == "triton"}
         assert len(swept) >= 3 and set(swept) <= set(before), sorted(swept)
         for n, r in swept.items():
             for rate in ("fwd_tflops", "fwd_bwd_tflops"):
                 assert r[rate] >= before[n][rate], (n, rate, r[rate], before[n][rate])
-    now = _results("attention_gpu_defaults.json")["environment"]["gpu_tiles"]
-    assert now == _benchmark_module().gpu_tiles()
+        for name in kernels:
+            now = static[f"{name} d{head_dim} inference"]
+            alone = {
+                r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {now} ({name})"
+            }
+            mine = {
+                r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {tile} ({name})"
+            }
+            rate = "fwd_tflops" if name == "_fwd_kernel" else "fwd_bwd_tflops"  # what the kernel runs in
+            for n in set(alone) & set(mine):
+                assert mine[n][rate] >= alone[n][rate], (name, now, n, mine[n][rate], alone[n][rate])
+    defaults = _results("attention_gpu_defaults.json")
+    measured = {f"d{r['head_dim']} " for r in defaults["rows"]}
+    recorded = defaults["environment"]["gpu_tiles"]
+    now = _benchmark_module().gpu_tiles()
+    assert measured and {k: v for k, v in recorded.items() if k.startswith(tuple(measured))} == {
+        k: v for k, v in now.items() if k.startswith(tuple(measured))
+    }
 
 
 def test_static_report_source_hash_sees_the_code_not_its_comments():
@@ -1201,13 +1215,15 @@ def test_static_report_source_hash_sees_the_code_not_its_comments():
 def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsys):
     static = _benchmark_module("triton_static")
 
-    def row(triton, tiles, stack, hgmma=4):
+    def row(triton, tiles, stack, hgmma=4, replication=1):
         return dict(kernel="_fwd_kernel", head_dim=64, tiles=tiles, features="v3", triton=triton,
-                    stack_bytes=stack, ops=dict(HGMMA=hgmma))  # fmt: skip
+                    stack_bytes=stack, ops=dict(HGMMA=hgmma), replication=replication)  # fmt: skip
 
     # inference needs three feature sets; give each tile the same result in all of them
-    def rows(triton, tiles, stack, hgmma=4):
-        return [{**row(triton, tiles, stack, hgmma), "features": f} for f in static.USES["inference"]]
+    def rows(triton, tiles, stack, hgmma=4, replication=1):
+        return [
+            {**row(triton, tiles, stack, hgmma, replication), "features": f} for f in static.USES["inference"]
+        ]
 
     big, small = "64x64 w8 s2", "64x32 w8 s2"
     old, new = (
@@ -1217,12 +1233,29 @@ def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsy
     both = old + new
     assert static.choose(both)[("_fwd_kernel", 64, "inference")] == small  # big spills under 3.6
     assert static.choose(new)[("_fwd_kernel", 64, "inference")] == big  # 3.9 alone: the larger tile
+    # a larger tile whose warps repeat a product in one set under one version loses to a smaller one that does not,
+    # and to one without HGMMA
+    repeats = rows("3.6.0", big, 0) + rows("3.9.0", big, 0)
+    repeats[-1]["replication"] = 2
+
+    def pick(rows):
+        return static.choose(rows)[("_fwd_kernel", 64, "inference")]
+
+    assert pick(repeats + rows("3.6.0", small, 0) + rows("3.9.0", small, 0)) == small
+    assert pick(repeats + rows("3.6.0", small, 0, hgmma=0) + rows("3.9.0", small, 0, hgmma=0)) == small
+    assert pick(repeats) == big  # replicated, yet the only one
     # a tile one version did not compile cannot qualify
     assert static.choose(rows("3.6.0", small, 0) + rows("3.9.0", big, 0)) == {}
     report = dict(versions={"3.6.0": dict(source="old"), "3.9.0": dict(source="new")}, rows=both)
     versions, kept = static.current_rows(report, "new")
     assert set(versions) == {"3.9.0"} and {r["triton"] for r in kept} == {"3.9.0"}
     assert "dropping the rows of Triton 3.6.0" in capsys.readouterr().out
+    # and the rows read before a field the report reads was added (the same source)
+    unread = [{k: v for k, v in r.items() if k != "replication"} for r in old]
+    report = dict(versions={"3.6.0": dict(source="new"), "3.9.0": dict(source="new")}, rows=unread + new)
+    versions, kept = static.current_rows(report, "new")
+    assert set(versions) == {"3.9.0"} and {r["triton"] for r in kept} == {"3.9.0"}
+    assert "read without one of ('replication',)" in capsys.readouterr().out
 
 
 def test_static_report_costs_a_tile_per_thread_and_per_score():
