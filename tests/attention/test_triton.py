@@ -1151,37 +1151,37 @@ def test_gpu_timed_tiles_beat_the_static_choice_in_the_committed_timings():
     tiles configured now for the head dims it ran (a tile changed without a new measurement fails here)."""
     static = _results("triton_static.json")["chosen"]
     run = _results("attention_gpu.json")
-    rows = run["rows"]
+
+    def by_length(section: str, impl: str) -> dict:
+        return {r["n"]: r for r in run["rows"] if r["section"] == section and r["impl"] == impl}
+
     for head_dim, kernels in triton_backend.GPU_TIMED.items():
         timed = {str(triton_backend.GPU_TILES[head_dim][name]) for name in kernels}
         assert len(timed) == 1, "the sweep gives one tile to all the kernels it times"
         tile = timed.pop()
         # the run's `triton` rows used other tiles for these kernels (the static choice of the time)
         assert all(run["environment"]["gpu_tiles"][f"d{head_dim} {name}"] != tile for name in kernels)
-        swept = {r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {tile}"}
-        before = {r["n"]: r for r in rows if r["section"] == "attention" and r["impl"] == "triton"}
+        swept = by_length("tiles", f"triton {tile}")
+        before = by_length("attention", "triton")
         assert len(swept) >= 3 and set(swept) <= set(before), sorted(swept)
         for n, r in swept.items():
             for rate in ("fwd_tflops", "fwd_bwd_tflops"):
                 assert r[rate] >= before[n][rate], (n, rate, r[rate], before[n][rate])
         for name in kernels:
             now = static[f"{name} d{head_dim} inference"]
-            alone = {
-                r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {now} ({name})"
-            }
-            mine = {
-                r["n"]: r for r in rows if r["section"] == "tiles" and r["impl"] == f"triton {tile} ({name})"
-            }
+            alone = by_length("tiles", f"triton {now} ({name})")
+            mine = by_length("tiles", f"triton {tile} ({name})")
             rate = "fwd_tflops" if name == "_fwd_kernel" else "fwd_bwd_tflops"  # what the kernel runs in
             for n in set(alone) & set(mine):
                 assert mine[n][rate] >= alone[n][rate], (name, now, n, mine[n][rate], alone[n][rate])
     defaults = _results("attention_gpu_defaults.json")
-    measured = {f"d{r['head_dim']} " for r in defaults["rows"]}
-    recorded = defaults["environment"]["gpu_tiles"]
-    now = _benchmark_module().gpu_tiles()
-    assert measured and {k: v for k, v in recorded.items() if k.startswith(tuple(measured))} == {
-        k: v for k, v in now.items() if k.startswith(tuple(measured))
-    }
+    measured = {f"d{r['head_dim']}" for r in defaults["rows"]}
+
+    def at_measured(tiles: dict) -> dict:  # "d64 _fwd_kernel" -> tiles, for the head dims the file ran
+        return {k: v for k, v in tiles.items() if k.split()[0] in measured}
+
+    assert measured
+    assert at_measured(defaults["environment"]["gpu_tiles"]) == at_measured(_benchmark_module().gpu_tiles())
 
 
 def test_static_report_source_hash_sees_the_code_not_its_comments():
