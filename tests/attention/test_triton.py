@@ -2043,3 +2043,35 @@ def test_tensor_core_tables_equal_float32_products_gpu(dtype):
     want = torch.matmul(q.double(), table.double()).float()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's loads")
+def test_record_run_sees_every_tile_load_at_the_addresses_of_its_tensors():
+    """`triton_access.record_run` (what `benchmarks/triton_memory.py` reads) under the interpreter: each kernel's
+    first launch, and per tile the K block's addresses inside k's storage and the near band's gathers."""
+    from debertakit.attention.triton_access import record_run
+
+    c = GRID["n70_saturating"]
+    geom = _geometry(c, DEVICE)
+    q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
+    with record_run("triton_kernels.py") as (loads, launches):
+        _run(triton_attention, c, (q, k, v, pos_q, pos_k), geom)
+    assert {"_fwd_kernel", "_dq_kernel", "_dkv_kernel"} <= set(launches)
+    args, kwargs = launches["_fwd_kernel"]
+    assert kwargs["BLOCK_M"] == 16 and kwargs["num_warps"] == 1
+    assert args[0][:2] == ("tensor", "*bf16")  # q, described by its Triton type
+    tiles_per_program = -(-c.n // 16)
+    programs = tiles_per_program * q.shape[0] * q.shape[1]
+    blocks = [
+        calls for (kernel, fn, _), calls in loads.items() if kernel == "_fwd_kernel" and fn == "_key_block"
+    ]
+    assert [len(calls) for calls in blocks] == [programs * tiles_per_program] * 2  # K and V, every tile
+    start = k.untyped_storage().data_ptr()
+    end = start + k.untyped_storage().nbytes()
+    for addresses, live, itemsize in blocks[0]:
+        assert itemsize == 2 and addresses.shape == (16, q.shape[-1])
+        assert ((addresses[live] >= start) & (addresses[live] < end)).all()
+    # n70 saturates: some tiles are near and gather their table cells (float32, one per pair)
+    gathers = [calls for (kernel, fn, _), calls in loads.items() if kernel == "_fwd_kernel" and fn == "_tile"]
+    assert gathers and all(calls[0][0].shape == (16, 16) for calls in gathers)
+    assert 0 < len(gathers[0]) < programs * tiles_per_program
