@@ -410,17 +410,13 @@ def long_memory(rows: list[dict]) -> None:
 
 # ------------------------------------------------------------------------------------------- 1d. tile sweep
 def parse_tiles(spec: str):
-    """'64x32w8s2' -> Tiles(64, 32, 8, 2)."""
-    import re
-
+    """'64x32w8s2' -> Tiles(64, 32, 8, 2); a bad spec ends the run with its message."""
     from debertakit.attention.triton_aot import Tiles
 
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", spec)
-    if m is None:
-        raise SystemExit(
-            f"bad tile spec {spec!r}; expected BLOCK_MxBLOCK_N w<warps> s<stages>, e.g. 64x32w8s2"
-        )
-    return Tiles(*(int(x) for x in m.groups()))
+    try:
+        return Tiles.parse(spec)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def tiles_section(args, device: str, dtype) -> Iterator[Unit]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
+import importlib.util
 import json
 import os
 import pickle
@@ -68,14 +70,12 @@ def _inputs(n: int, d: int):
 
 def _run_triton(args, road: str) -> dict:
     from debertakit.attention import Geometry, PositionTerms, scale_for, triton_backend
+    from debertakit.attention.triton_aot import Tiles
     from debertakit.attention.triton_backend import KERNEL_NAMES
 
     rel, (q, k, v, pos_q, pos_k) = _inputs(args.n, args.head_dim)
-    width = 64 if args.head_dim <= 64 else 128
-    tiles = {
-        name: _tiles(args.tiles) if args.tiles else triton_backend.GPU_TILES[width][name]
-        for name in KERNEL_NAMES
-    }
+    configured = triton_backend.GPU_TILES[triton_backend._tile_width(args.head_dim)]
+    tiles = {name: Tiles.parse(args.tiles) if args.tiles else configured[name] for name in KERNEL_NAMES}
     triton_backend.NEAR_BAND = road
     triton_backend.TILE_OVERRIDES.update(tiles)  # on the CPU the backend would take 16x16 tiles
     terms = PositionTerms(c2p=True, p2c=True)
@@ -103,15 +103,6 @@ def _run_flashdeberta(args) -> dict:
     return {}
 
 
-def _tiles(spec: str):
-    from debertakit.attention.triton_aot import Tiles
-
-    m, rest = spec.split("x")
-    n, rest = rest.split("w")
-    w, s = rest.split("s")
-    return Tiles(int(m), int(n), int(w), int(s))
-
-
 def record(args) -> None:
     """In a process with TRITON_INTERPRET=1: run one row, pickle its loads and launches."""
     from debertakit.attention.triton_access import record_run
@@ -124,37 +115,35 @@ def record(args) -> None:
 
 
 def _interpreted(args, impl: str) -> dict | None:
+    """One row's recorded run (`record`, in a subprocess with the interpreter on); None where flashdeberta is
+    not installed."""
+    if impl == FLASHDEBERTA and importlib.util.find_spec("flashdeberta") is None:
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.pkl"
         cmd = [sys.executable, __file__, "--record", impl, "--pickle", str(out), "--n", str(args.n),
                "--head-dim", str(args.head_dim)] + (["--tiles", args.tiles] if args.tiles else [])  # fmt: skip
         done = subprocess.run(cmd, env=os.environ | {"TRITON_INTERPRET": "1"}, capture_output=True, text=True)
         if done.returncode != 0:
-            if impl == FLASHDEBERTA and "No module named 'flashdeberta'" in done.stderr:
-                return None
             raise RuntimeError(f"{impl}: the interpreted run failed:\n{done.stderr[-3000:]}")
         with open(out, "rb") as f:
             return pickle.load(f)
 
 
 def _compiled(fn, launch) -> tuple[str, str]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from debertakit.attention.triton_access import launch_source
+    from debertakit.attention.triton_aot import compile_source
 
     args, kwargs = launch
     # the interpreter ran the products widened to float32 (``PREC`` 2); a GPU runs them on the tensor cores
     overrides = {"PREC": 0} if "PREC" in kwargs else {}
     src, options = launch_source(fn, args, kwargs, overrides)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    compiled = compile_source(src, options)
     return compiled.asm["ttgir"], compiled.asm["ptx"]
 
 
 def measure(args, impl: str) -> list[dict] | None:
     """Rows (one per kernel) of one implementation: its load sites' traffic per call, and totals per 1000 pairs."""
-    import importlib
-
     from debertakit.attention.triton_access import access_bytes, load_sites, traffic
 
     run = _interpreted(args, impl)
@@ -177,7 +166,7 @@ def measure(args, impl: str) -> list[dict] | None:
             sectors_per_1k_pairs=round(sum(s.sectors * s.calls for s in sites) * 1000 / pairs, 2),
             needed_per_1k_pairs=round(sum(s.needed * s.calls for s in sites) * 1000 / pairs, 2),
             sites=[dict(s.__dict__, requests=round(s.requests, 1), sectors=round(s.sectors, 1),
-                        needed=round(s.needed, 1)) for s in sites],
+                        needed=round(s.needed, 1), excess=round(s.excess, 2)) for s in sites],
             skipped=skipped,
         ))  # fmt: skip
     return rows
@@ -212,15 +201,14 @@ def sites_table(rows: list[dict]) -> str:
     ]
     for r in rows:
         for s in r["sites"]:
-            excess = s["sectors"] / max(s["needed"], 1e-9)
             lines.append(
                 f"| {r['impl']} | {r['kernel']} | {s['function']}:{s['line']} | {s['op']} | {s['layout']} | "
-                f"{s['width']} | {s['calls']} | {s['requests']} | {s['sectors']} | {s['needed']} | {excess:.2f} |"
+                f"{s['width']} | {s['calls']} | {s['requests']} | {s['sectors']} | {s['needed']} | {s['excess']:.2f} |"
             )
     return "\n".join(lines)
 
 
-def write(args, rows: list[dict], text: str) -> None:
+def write(args, rows: list[dict]) -> None:
     import torch
     import triton
 
@@ -267,7 +255,7 @@ def main(argv=None) -> int:
         for reason in r["skipped"]:
             print(f"{r['impl']} {r['kernel']}: left out {reason}")
     if not args.no_write:
-        write(args, rows, text)
+        write(args, rows)
     return 0
 
 

@@ -56,6 +56,16 @@ class Tiles:
     def __str__(self) -> str:
         return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
 
+    @classmethod
+    def parse(cls, spec: str) -> Tiles:
+        """'64x32w8s2' -> Tiles(64, 32, 8, 2)."""
+        found = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", spec)
+        if found is None:
+            raise ValueError(
+                f"bad tile spec {spec!r}; expected BLOCK_MxBLOCK_N w<warps> s<stages>, e.g. 64x32w8s2"
+            )
+        return cls(*(int(x) for x in found.groups()))
+
     @property
     def options(self) -> dict:
         """Triton's compile options for these tiles. FP fusion (FMA) is asked for explicitly: Triton 3.9 warns
@@ -182,13 +192,19 @@ def _bin(tool: str) -> str:
     return str(path)
 
 
+def compile_source(src, options: dict, capability: int = 90):
+    """Triton's compiled kernel of ``src`` (an ``ASTSource``) for ``sm_<capability>``, without a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+
+
 def compile_kernel(
     fn, dtype: str, head_dim: int, tiles: Tiles, flags: dict, capability: int = 90, inspect: bool = True
 ) -> Compiled | None:
     """Compile ``fn`` for ``sm_<capability>`` (raises if it does not compile); with ``inspect``, read the
     cubin's resources and instruction mix."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     prec = 1 if dtype == "fp32" else 0
@@ -197,7 +213,7 @@ def compile_kernel(
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     sig = signature(fn, dtype, constexprs)
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attributes(fn, sig, constexprs))
-    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=tiles.options)
+    compiled = compile_source(src, tiles.options, capability)
     cubin = compiled.asm.get("cubin")
     if not cubin:
         raise RuntimeError(f"{fn.__name__}: no cubin")
