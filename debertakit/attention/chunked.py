@@ -963,7 +963,13 @@ def _unsupported(request: Request) -> str | None:
 
 
 def _priority(request: Request) -> float:
-    """Faster than `eager` everywhere it runs (benchmarks/attention_cpu.py); below fused kernels on GPUs."""
+    """Faster than `eager` on the CPU (benchmarks/attention_cpu.py); below fused kernels on GPUs, and below
+    `eager` there in training: its training path walks tiles sized for a CPU's caches, one batch row at a time,
+    which a GPU runs as thousands of small launches per layer (one H100, deberta-v3-base shape, 32 × 512 tokens:
+    a training step took 2154 ms against `eager`'s 188, the forward 74.6 against 79.2 ms;
+    benchmarks/results/attention_gpu.json, section ``model``)."""
+    if request.grad and request.device_type != "cpu":
+        return -0.5
     return 10.0
 
 

@@ -186,8 +186,13 @@ def _unsupported(request: Request) -> str | None:
 
 
 def _priority(request: Request) -> float:
-    """Compiled kernels on CUDA beat `chunked`; uncompiled on CPU it is a reference path below `eager`."""
-    return 20.0 if _should_compile(request.device_type) and request.device_type == "cuda" else -1.0
+    """Below `eager` everywhere, so `auto` never picks it (it runs when named). Uncompiled on CPU it is a
+    reference path; compiled on one H100 (benchmarks/results/attention_gpu.json, section ``attention``: bf16, v3
+    positions, batch·N = 16384) it was slower than `eager` at every length, forward (6.9 against 6.1 ms at N =
+    512, 46.7 against 20.1 at 2048) and forward+backward (27.5 against 12.8 ms at 512), and from N = 2048 held
+    more memory than `eager` (forward 17.7 against 7.5 GiB at 2048), running out of it forward+backward from
+    8192 on and forward at 16384."""
+    return -1.0
 
 
 register(Backend("flex", flex_disentangled_attention, unsupported=_unsupported, priority=_priority))

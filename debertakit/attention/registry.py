@@ -31,6 +31,31 @@ class Request:
     dense_mask: bool = False
     causal: bool = False
     p2p: bool = False
+    grad: bool = False  # autograd records the call: its result will be differentiated (training)
+    # the NVIDIA GPU's compute capability (major, minor); None on other devices (CPU, ROCm): see `device_capability`
+    capability: tuple[int, int] | None = None
+
+
+# From compute capability 8.0 (Ampere) on, Triton compiles `tl.dot` to tensor-core instructions. For older NVIDIA
+# GPUs (Turing's T4, Volta's V100) Triton 3.9 emits float32 FMAs instead, for float16 inputs too (a 64x64 product
+# compiled for sm_75: no HMMA, 2048 FFMA; for sm_80: HMMA), while cuBLAS, under the PyTorch backends, keeps the
+# tensor cores: backends built on Triton kernels (`triton`, compiled `flex`) are no fast path there.
+TRITON_TENSOR_CORES = (8, 0)
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of an NVIDIA GPU, None for any other device (CPU, ROCm builds, where ``cuda`` names an
+    AMD GPU). Read from the device's properties, which PyTorch caches: no synchronisation, and constant under
+    ``torch.compile``."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def triton_tensor_cores(request: Request) -> bool:
+    """Whether Triton kernels run their matrix products on tensor cores on the request's device (see
+    `TRITON_TENSOR_CORES`; devices of unknown capability are taken to)."""
+    return request.capability is None or request.capability >= TRITON_TENSOR_CORES
 
 
 @dataclass(frozen=True)
@@ -78,11 +103,15 @@ def _auto(request: Request) -> Backend:
         chosen = best.name
         _AUTO_CHOICES[request] = chosen
         log.info(
-            "attention backend 'auto' chose %r for %s %s, length %d%s",
+            "attention backend 'auto' chose %r for %s%s %s, length %d%s%s",
             chosen,
             request.device_type,
+            ""
+            if request.capability is None
+            else f" (compute capability {'.'.join(map(str, request.capability))})",
             str(request.dtype).replace("torch.", ""),
             request.seq_len,
+            ", training" if request.grad else "",
             " (probabilities requested)" if request.needs_probs else "",
         )
     return _REGISTRY[chosen]

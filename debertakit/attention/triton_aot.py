@@ -238,5 +238,6 @@ def compile_kernel(
         ops={op: counts.get(op, 0) for op in SASS_OPS},
         branch_loads=branch_loads(compiled.asm["ttgir"]),
         tile_loops=tile_loops(sass.stdout),
-        replication=replication(compiled.asm["ttgir"]),
+        # no tensor-core product at all (Triton's float32 FMAs for targets before sm_80): nothing replicated
+        replication=replication(compiled.asm["ttgir"]) if any(counts[op] for op in MMA_OPS) else 1,
     )

@@ -34,7 +34,13 @@ from torch import Tensor
 from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
-from debertakit.attention.registry import Backend, Request, register
+from debertakit.attention.registry import (
+    TRITON_TENSOR_CORES,
+    Backend,
+    Request,
+    register,
+    triton_tensor_cores,
+)
 from debertakit.attention.relative import RelativeIndex
 from debertakit.attention.triton_aot import Tiles
 
@@ -1078,6 +1084,14 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: fl
 def _unsupported(r: Request) -> str | None:
     if r.device_type != "cuda" and not (r.device_type == "cpu" and interpreter_enabled()):
         return "needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)"
+    if not triton_tensor_cores(r):
+        # besides the speed, the head-dim-128 tiles need more shared memory (up to 139 KB compiled for sm_75)
+        # than a Turing GPU has (64 KB)
+        return (
+            f"needs an NVIDIA GPU of compute capability {'.'.join(map(str, TRITON_TENSOR_CORES))} or newer, "
+            f"this one is {'.'.join(map(str, r.capability))}: for older GPUs Triton compiles the kernels' "
+            f"matrix products without tensor cores"
+        )
     if r.needs_probs:
         return "it does not return attention probabilities"
     if r.dense_mask:

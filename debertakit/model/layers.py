@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from debertakit.attention import Geometry, PositionTerms, RelativeIndex, Request, get_backend, scale_for
 from debertakit.attention.dropout import Dropout, dropout
+from debertakit.attention.registry import device_capability
 from debertakit.config import DebertaConfig
 
 _ACTIVATIONS = {
@@ -202,6 +203,8 @@ class DisentangledSelfAttention(nn.Module):
             dense_mask=geom.dense is not None,
             causal=geom.causal,
             p2p=self.terms.p2p,
+            grad=torch.is_grad_enabled() and q.requires_grad,
+            capability=device_capability(q.device),
         )
 
 

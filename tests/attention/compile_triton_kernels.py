@@ -10,7 +10,11 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # i - j) for loads left inside branches and
                                                               # for one loop over tiles per run, and for
                                                               # products the warps compute twice
-    python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80)
+                                                              # (and that Triton compiles no tensor-core
+                                                              # product for sm_75: `registry.TRITON_TENSOR_CORES`)
+    python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80),
+                                                              # and the configured tiles for sm_86 within its
+                                                              # shared memory
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from debertakit.attention import triton_kernels as K  # noqa: E402
-from debertakit.attention.triton_aot import FLAGS, compile_kernel  # noqa: E402
+from debertakit.attention.registry import TRITON_TENSOR_CORES  # noqa: E402
+from debertakit.attention.triton_aot import FLAGS, MMA_OPS, compile_kernel  # noqa: E402
 from debertakit.attention.triton_backend import (  # noqa: E402
     BACKWARD,
     FORWARD,
@@ -37,18 +42,29 @@ from debertakit.attention.triton_backend import (  # noqa: E402
     tiles_for,
 )
 
+# The most shared memory one block may use, in bytes (the CUDA programming guide's limits per compute capability,
+# opt-in): sm_80 (A100) 163 KB; sm_86, sm_89 and sm_120 (RTX 30, 40 and 50 series, A10, L4) 99 KB; sm_90 227 KB.
+# The tiles are the same on every GPU, so the smallest limit binds: --all compiles the configured tiles for sm_86.
+SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
+
+
+def configured(capability: int):
+    """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road."""
+    every = dict.fromkeys(FLAGS, True)
+    for head_dim in (64, 128):
+        for dropout in (False, True):
+            flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
+            yield "bf16", head_dim, flags, capability
+            yield "bf16", head_dim, dict(flags, IJ=False), capability
+            yield "bf16", head_dim, dict(flags, SKEW=True), capability  # skewed where served (`_buildable`)
+            yield "bf16", head_dim, dict(flags, DIST=True), capability
+
 
 def configurations(everything: bool):
     if not everything:
-        every = dict.fromkeys(FLAGS, True)
-        for head_dim in (64, 128):
-            for dropout in (False, True):
-                flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
-                yield "bf16", head_dim, flags, 90
-                yield "bf16", head_dim, dict(flags, IJ=False), 90
-                yield "bf16", head_dim, dict(flags, SKEW=True), 90  # skewed where served (`_buildable`)
-                yield "bf16", head_dim, dict(flags, DIST=True), 90
+        yield from configured(90)
         return
+    yield from configured(86)
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on
     flag_sets = flag_sets[::43] + flag_sets[-1:]
@@ -71,6 +87,23 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     return flags
 
 
+def tensor_cores_from_sm80() -> list[str]:
+    """The premise of `registry.TRITON_TENSOR_CORES`: Triton compiles the forward kernel's products to tensor-core
+    instructions for sm_80 and to none for sm_75 (float32 FMAs: `auto` then leaves the Triton backends). Returns
+    what contradicts it (a Triton release that changes either side means revisiting the gate)."""
+    flags = _buildable(dict.fromkeys(FLAGS, True), 64, "_fwd_kernel")
+    flags = dict(flags, DROPOUT=False, SKEW=False, DIST=False)
+    tiles = tiles_for(torch.device("cuda"), 64, "_fwd_kernel")
+    wrong = []
+    for capability in (75, 80):
+        for dtype in ("fp16", "bf16"):
+            c = compile_kernel(K._fwd_kernel, dtype, 64, tiles, flags, capability)
+            products = sum(c.ops[op] for op in MMA_OPS)
+            if (products > 0) != (capability >= 10 * TRITON_TENSOR_CORES[0] + TRITON_TENSOR_CORES[1]):
+                wrong.append(f"_fwd_kernel {dtype} for sm_{capability}: {products} tensor-core instructions")
+    return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compile the triton kernels for NVIDIA targets")
     parser.add_argument("--all", action="store_true")
@@ -80,14 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     # every compile states its FP fusion (`Tiles.options`): Triton 3.9 warns where one falls back on the default,
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
-    n, spills, unfetched, uncut, replicated, timed_spills = 0, [], [], [], [], []
+    n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
     for dtype, head_dim, every, capability in configurations(args.all):
         for name in KERNEL_NAMES:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
-            check = not args.all  # the configured tiles at the default: read the cubin too
+            # the configured tiles: read the cubin too (sm_90 by default; sm_86, for its shared memory, with --all)
+            check = not args.all or capability == 86
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
             n += 1
+            if c is not None and c.shared_bytes > SHARED_LIMITS[capability]:
+                oversized.append(
+                    f"{name} d{head_dim} {tiles} {flags} on sm_{capability}: {c.shared_bytes} bytes of shared "
+                    f"memory, over the {SHARED_LIMITS[capability]} a block may use"
+                )
+            if capability != 90:
+                continue  # the checks below are of the code an H100 runs
             if c is not None and c.stack_bytes:
                 # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
                 timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
@@ -105,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own
             if c is not None and flags["IJ"] and len(c.tile_loops) != 3:
                 uncut.append(f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not 3")
+    premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
         print("register spills at tiles chosen by GPU timing (allowed):\n" + "\n".join(timed_spills))
@@ -113,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         ("loads the pipeliner cannot prefetch", unfetched),
         ("loops not cut into three runs", uncut),
         ("matrix products replicated across warps", replicated),
+        ("shared memory beyond the GPU's", oversized),
+        ("tensor cores not where registry.TRITON_TENSOR_CORES says", premise),
     )
     for title, problems in checks:
         if problems:

@@ -165,6 +165,77 @@ def test_named_backend_that_cannot_run_raises_clearly():
         get_backend("flashy", _request())
 
 
+def test_auto_leaves_triton_kernels_on_gpus_without_their_tensor_cores():
+    """Below compute capability 8.0 Triton compiles matrix products without tensor cores (`registry.
+    TRITON_TENSOR_CORES`): there `auto` leaves `triton` for `chunked` (cuBLAS), and a call naming `triton` says
+    why it cannot run."""
+    assert "triton" in debertakit.attention.available_backends()  # the test extra installs Triton
+    for capability in ((8, 0), (8, 6), (9, 0), (12, 0), None):  # None: a GPU of unknown capability (ROCm)
+        assert get_backend("auto", _request(device_type="cuda", capability=capability)).name == "triton"
+    for capability in ((7, 5), (7, 0)):
+        turing = _request(device_type="cuda", dtype=torch.float16, capability=capability)
+        assert get_backend("auto", turing).name == "chunked"
+        with pytest.raises(
+            ValueError, match=rf"compute capability 8.0 or newer, this one is {capability[0]}."
+        ):
+            get_backend("triton", turing)
+        assert get_backend("flex", turing).name == "flex"  # named, it still runs
+    # in training `eager` there: `chunked`'s CPU-sized tiles are slow on a GPU (see the next test)
+    assert get_backend("auto", _request(device_type="cuda", capability=(7, 5), grad=True)).name == "eager"
+
+
+def test_auto_never_picks_flex():
+    """Measured slower than `eager` on a GPU at every length (see `flex._priority`); on CPU a reference path."""
+    for device_type in ("cuda", "cpu"):
+        for grad in (False, True):
+            unfused = _request(device_type=device_type, head_dim=256, grad=grad)  # triton declines
+            assert get_backend("auto", unfused).name in ("chunked", "eager")
+            assert get_backend("flex", unfused).name == "flex"
+
+
+def test_auto_trains_with_eager_where_no_fused_kernel_runs_on_a_gpu():
+    """`chunked` is first on the CPU, in training too, and on a GPU at inference; training on a GPU without the
+    fused kernels (dense masks with dropout, head dims above 128, older GPUs) takes `eager`."""
+    assert get_backend("auto", _request(grad=True)).name == "chunked"
+    assert get_backend("auto", _request(grad=True, dropout=True, dense_mask=True)).name == "chunked"
+    unfused = dict(device_type="cuda", dtype=torch.bfloat16, head_dim=256, dropout=True)
+    assert get_backend("auto", _request(**unfused)).name == "chunked"
+    assert get_backend("auto", _request(**unfused, grad=True)).name == "eager"
+    # where the fused kernel runs it is first, in training too
+    assert get_backend("auto", _request(device_type="cuda", grad=True, dropout=True)).name == "triton"
+
+
+def test_device_capability_is_nvidias_only(monkeypatch):
+    from debertakit.attention.registry import device_capability
+
+    assert device_capability(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert device_capability(torch.device("cuda", 0)) == (7, 5)
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")  # a ROCm build: "cuda" is an AMD GPU
+    assert device_capability(torch.device("cuda", 0)) is None
+
+
+def test_attention_layers_tell_the_registry_their_device_and_whether_they_train(monkeypatch):
+    from debertakit.model import layers
+
+    seen = []
+
+    def recording(name, request):
+        seen.append(request)
+        return get_backend(name, request)
+
+    monkeypatch.setattr(layers, "get_backend", recording)
+    monkeypatch.setattr(layers, "device_capability", lambda device: (7, 5) if device.type == "cpu" else None)
+    model = DebertaModel(debertakit.DebertaConfig.preset("tiny-v3")).eval()
+    ids = torch.randint(5, 50, (1, 9))
+    model(input_ids=ids)
+    assert seen and {(r.capability, r.grad) for r in seen} == {((7, 5), True)}  # parameters require grad
+    seen.clear()
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert seen and {r.grad for r in seen} == {False}
+
+
 def test_model_with_named_backend_asking_for_attentions_raises():
     cfg = debertakit.DebertaConfig.preset("tiny-v3", attention_backend="chunked")
     model = DebertaModel(cfg).eval()
