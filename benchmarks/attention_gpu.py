@@ -247,6 +247,9 @@ def _attention_rows(
         scale_for,
     )
 
+    # compiled `flex` compiles each shape anew (static shapes); past dynamo's recompile limit it runs unfused
+    # (`debertakit.attention.flex._flex_fn`), and the lengths before this one would have used the limit up
+    torch._dynamo.reset()
     rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
     terms = PositionTerms(c2p=True, p2c=True)
     H, D = args.heads, args.head_dim

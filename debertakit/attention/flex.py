@@ -44,6 +44,14 @@ def _should_compile(device_type: str) -> bool:
 
 
 def _flex_fn(device_type: str):
+    """flex_attention, compiled where `_should_compile` says so, for static shapes: each new (batch, length)
+    compiles anew, and past dynamo's recompile limit (``torch._dynamo.config.recompile_limit``, 8) flex_attention
+    runs unfused, every (B, H, Nq, Nk) score in memory (dynamo warns "hit config.recompile_limit"). The GPU
+    benchmark's lengths crossed it at N = 2048 (a forward and a forward+backward per length from N = 128): its
+    `flex` rows from there on are of the unfused fallback (forward 17.7 GiB at 2048, out of memory from 8192 on
+    forward+backward). Automatic dynamic shapes (``dynamic=None``, one kernel for every length after the second)
+    would avoid it, but in PyTorch 2.13 Inductor's CPU template for them does not compile with this backend's
+    score_mod (C++ errors: ``cur_qSplitSize4`` undeclared), and on CUDA they are untried."""
     if not _should_compile(device_type):
         return flex_attention
     if device_type not in _COMPILED:
@@ -188,10 +196,10 @@ def _unsupported(request: Request) -> str | None:
 def _priority(request: Request) -> float:
     """Below `eager` everywhere, so `auto` never picks it (it runs when named). Uncompiled on CPU it is a
     reference path; compiled on one H100 (benchmarks/results/attention_gpu.json, section ``attention``: bf16, v3
-    positions, batch·N = 16384) it was slower than `eager` at every length, forward (6.9 against 6.1 ms at N =
-    512, 46.7 against 20.1 at 2048) and forward+backward (27.5 against 12.8 ms at 512), and from N = 2048 held
-    more memory than `eager` (forward 17.7 against 7.5 GiB at 2048), running out of it forward+backward from
-    8192 on and forward at 16384."""
+    positions, batch·N = 16384) it was slower than `eager` at every length it ran compiled, N = 128 … 1024,
+    forward (6.9 against 6.1 ms at N = 512, 11.5 against 10.2 at 1024) and forward+backward (27.5 against 12.8
+    ms at 512, 50.2 against 22.2 at 1024), though in less memory (forward 1.3 against 3.9 GiB at 1024). Longer
+    inputs ran unfused there (see `_flex_fn`): no measurement of them yet."""
     return -1.0
 
 

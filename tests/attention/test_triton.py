@@ -1608,6 +1608,19 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     assert [v.split()[0] for v in flagged] == (["flashdeberta"] if swap_tables else [])
 
 
+def test_gpu_benchmark_starts_each_length_with_an_empty_compile_cache(monkeypatch):
+    """Compiled `flex` compiles every shape anew: the lengths before would use up dynamo's recompile limit, after
+    which it runs unfused (`flex._flex_fn`), so each length's rows start from an empty cache."""
+    bench = _benchmark_module()
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
+    args = bench.parse_args(["--smoke"])
+    args.tokens, args.heads, args.head_dim = 32, 2, 16
+    for n in (16, 32):
+        bench._attention_rows(args, n, "cpu", torch.float32, only=("sdpa (no position terms)",))
+    assert len(resets) == 2
+
+
 def test_gpu_benchmark_records_a_row_that_cannot_run_and_goes_on():
     """A kernel that does not compile here or needs more shared memory than the GPU has is that row's error,
     not the end of the run."""
