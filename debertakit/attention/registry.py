@@ -45,11 +45,12 @@ TRITON_TENSOR_CORES = (8, 0)
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of an NVIDIA GPU, None for any other device (CPU, ROCm builds, where ``cuda`` names an
-    AMD GPU). Read from the device's properties, which PyTorch caches: no synchronisation, and constant under
-    ``torch.compile``."""
+    AMD GPU). Read from the device's properties, which PyTorch caches: no synchronisation, and under
+    ``torch.compile`` a constant (dynamo folds ``get_device_properties``, not ``get_device_capability``)."""
     if device.type != "cuda" or torch.version.hip is not None:
         return None
-    return torch.cuda.get_device_capability(device)
+    props = torch.cuda.get_device_properties(device)
+    return props.major, props.minor
 
 
 def triton_tensor_cores(request: Request) -> bool:

@@ -209,7 +209,8 @@ def test_device_capability_is_nvidias_only(monkeypatch):
     from debertakit.attention.registry import device_capability
 
     assert device_capability(torch.device("cpu")) is None
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    turing = type("Properties", (), {"major": 7, "minor": 5})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: turing)
     assert device_capability(torch.device("cuda", 0)) == (7, 5)
     monkeypatch.setattr(torch.version, "hip", "6.2.0")  # a ROCm build: "cuda" is an AMD GPU
     assert device_capability(torch.device("cuda", 0)) is None
