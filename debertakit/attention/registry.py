@@ -53,6 +53,11 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
     return props.major, props.minor
 
 
+def capability_str(capability: tuple[int, int]) -> str:
+    """(7, 5) -> '7.5'."""
+    return ".".join(map(str, capability))
+
+
 def triton_tensor_cores(request: Request) -> bool:
     """Whether Triton kernels run their matrix products on tensor cores on the request's device (see
     `TRITON_TENSOR_CORES`; devices of unknown capability are taken to)."""
@@ -109,7 +114,7 @@ def _auto(request: Request) -> Backend:
             request.device_type,
             ""
             if request.capability is None
-            else f" (compute capability {'.'.join(map(str, request.capability))})",
+            else f" (compute capability {capability_str(request.capability)})",
             str(request.dtype).replace("torch.", ""),
             request.seq_len,
             ", training" if request.grad else "",

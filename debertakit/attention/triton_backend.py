@@ -38,6 +38,7 @@ from debertakit.attention.registry import (
     TRITON_TENSOR_CORES,
     Backend,
     Request,
+    capability_str,
     register,
     triton_tensor_cores,
 )
@@ -1085,12 +1086,12 @@ def _unsupported(r: Request) -> str | None:
     if r.device_type != "cuda" and not (r.device_type == "cpu" and interpreter_enabled()):
         return "needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)"
     if not triton_tensor_cores(r):
-        # besides the speed, the head-dim-128 tiles need more shared memory (up to 139 KB compiled for sm_75)
-        # than a Turing GPU has (64 KB)
+        # besides the speed, the head-dim-128 dQ kernel compiled for sm_75 needs 139 264 bytes of shared memory,
+        # where a Turing GPU's block may use 64 KB
         return (
-            f"needs an NVIDIA GPU of compute capability {'.'.join(map(str, TRITON_TENSOR_CORES))} or newer, "
-            f"this one is {'.'.join(map(str, r.capability))}: for older GPUs Triton compiles the kernels' "
-            f"matrix products without tensor cores"
+            f"needs an NVIDIA GPU of compute capability {capability_str(TRITON_TENSOR_CORES)} or newer, this "
+            f"one is {capability_str(r.capability)}: for older GPUs Triton compiles the kernels' matrix "
+            f"products without tensor cores"
         )
     if r.needs_probs:
         return "it does not return attention probabilities"
