@@ -55,10 +55,16 @@ SINGLE_BLOCK_ELEMENTS = 14 << 20
 # with several blocks, recompute them in backward (activation checkpointing) for long inputs or a large total
 CHECKPOINT_KEYS = 2048
 CHECKPOINT_ELEMENTS = 1 << 26
-# training with distance i - j: scores per tile (one tile's scores and probabilities stay in the caches); the
-# probabilities are kept for the backward pass when there are at most STORE_KEYS keys (memory O(N·STORE_KEYS)
-# per head) and B·H·Nq·Nk <= STORE_ELEMENTS, else recomputed tile by tile (memory O(N·block))
+# training with distance i - j: scores per tile. On the CPU one tile's scores and probabilities stay in the caches.
+# Elsewhere every operation of a tile is a kernel launch, and larger tiles launch fewer: at B = 32, N = 512, 12
+# heads, one call's forward and backward run 16 727 operations (views and allocations not counted) with the CPU's
+# tiles and 882 with TRAIN_TILE_ELEMENTS_OFF_CPU (on the meta device: `test_chunked_training_off_the_cpu_...`). On an H100 a training step of the deberta-v3-base shape
+# took 2154 ms with the CPU's tiles, bound by its launches (`eager`: 188 ms; benchmarks/results/attention_gpu.json);
+# the larger tiles are not timed there yet. The probabilities are kept for the backward pass when there are at
+# most STORE_KEYS keys (memory O(N·STORE_KEYS) per head) and B·H·Nq·Nk <= STORE_ELEMENTS, else recomputed tile
+# by tile (memory O(N·block))
 TRAIN_TILE_ELEMENTS = 1 << 20
+TRAIN_TILE_ELEMENTS_OFF_CPU = 1 << 24
 INFER_TILE_ELEMENTS = 14 << 20  # inference: up to 56 MiB of scores per tile (one tile at (2, 512))
 STORE_KEYS = 1024
 STORE_ELEMENTS = 1 << 26
@@ -679,7 +685,14 @@ def _train_toeplitz(ctx: _Context, p: float, block_size: int | None) -> Tensor:
     inputs = (ctx.q, ctx.k, ctx.v, ctx.c2p_rows, ctx.p2c_rows)
     ctx.q, ctx.k, ctx.v = (t.detach() for t in inputs[:3])
     ctx.c2p_rows, ctx.p2c_rows = (None if t is None else t.detach() for t in inputs[3:])
-    return _ToeplitzAttention.apply(ctx, ctx.tiles(block_size, TRAIN_TILE_ELEMENTS), p, *inputs)
+    return _ToeplitzAttention.apply(
+        ctx, ctx.tiles(block_size, _train_tile_elements(ctx.q.device)), p, *inputs
+    )
+
+
+def _train_tile_elements(device: torch.device) -> int:
+    """Scores per training tile: `TRAIN_TILE_ELEMENTS` on the CPU, `TRAIN_TILE_ELEMENTS_OFF_CPU` elsewhere."""
+    return TRAIN_TILE_ELEMENTS if device.type == "cpu" else TRAIN_TILE_ELEMENTS_OFF_CPU
 
 
 def _toeplitz_tile(ctx: _Context, tile, p: float, seed: int):
@@ -841,7 +854,7 @@ def _tile_masks(ctx: _Context, p: float) -> tuple[Tensor, float]:
     seed = _call_seed()
     keep = torch.zeros(ctx.B, ctx.H, ctx.Nq, ctx.Nk, dtype=torch.bool)
     scale = 1.0
-    for t, (b0, b1, i0, i1, ks, ke) in enumerate(ctx.tiles(None, TRAIN_TILE_ELEMENTS)):
+    for t, (b0, b1, i0, i1, ks, ke) in enumerate(ctx.tiles(None, _train_tile_elements(ctx.q.device))):
         if ke > ks:
             shape = (b1 - b0, ctx.H, i1 - i0, ke - ks)
             tile, scale = keep_mask(shape, p, ctx.q.device, _tile_generator(ctx, seed + t))
@@ -964,10 +977,10 @@ def _unsupported(request: Request) -> str | None:
 
 def _priority(request: Request) -> float:
     """Faster than `eager` on the CPU (benchmarks/attention_cpu.py); below fused kernels on GPUs, and below
-    `eager` there in training: its training path walks tiles sized for a CPU's caches, one batch row at a time,
-    which a GPU runs as thousands of small launches per layer (one H100, deberta-v3-base shape, 32 × 512 tokens:
-    a training step took 2154 ms against `eager`'s 188, the forward 74.6 against 79.2 ms;
-    benchmarks/results/attention_gpu.json, section ``model``)."""
+    `eager` there in training: with tiles sized for a CPU's caches a GPU ran its training path as thousands of
+    small launches per layer (one H100, deberta-v3-base shape, 32 × 512 tokens: a training step took 2154 ms
+    against `eager`'s 188, the forward 74.6 against 79.2 ms; benchmarks/results/attention_gpu.json, section
+    ``model``). Its tiles off the CPU are larger now (`TRAIN_TILE_ELEMENTS_OFF_CPU`), not yet timed on a GPU."""
     if request.grad and request.device_type != "cpu":
         return -0.5
     return 10.0

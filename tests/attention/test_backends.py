@@ -393,6 +393,42 @@ def test_compiled_kernel_drops_what_the_pure_path_drops(monkeypatch):
         assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
+def test_chunked_training_off_the_cpu_launches_few_tiles():
+    """Off the CPU every operation of a training tile is a kernel launch: the tiles there hold
+    `TRAIN_TILE_ELEMENTS_OFF_CPU` scores, not the CPU's cache-sized `TRAIN_TILE_ELEMENTS`. Counted on the meta
+    device (standing for a GPU) at a v3-base layer's shape, 32 × 512 tokens: forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Launches(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            views = isinstance(out, torch.Tensor) and out._base is not None
+            self.count += not (views or func.__name__.startswith(("empty", "detach", "lift_fresh")))
+            return out
+
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
+
+    def launches() -> int:
+        q, k, v = (torch.randn(32, 12, 512, 64, device="meta", requires_grad=True) for _ in range(3))
+        pq, pk = (torch.randn(12, rel.table_rows, 64, device="meta", requires_grad=True) for _ in range(2))
+        with Launches() as counted:
+            out, _ = chunked_attention(
+                q, k, v, pq, pk, rel, Geometry(), scale=0.07, terms=PositionTerms(True, True, False)
+            )
+            out.sum().backward()
+        return counted.count
+
+    off_cpu = launches()
+    with pytest.MonkeyPatch.context() as m:  # the CPU's tiles on the same device
+        m.setattr(chunked_mod, "TRAIN_TILE_ELEMENTS_OFF_CPU", chunked_mod.TRAIN_TILE_ELEMENTS)
+        cpu_tiles = launches()
+    assert off_cpu * 10 < cpu_tiles, (off_cpu, cpu_tiles)
+
+
 def test_chunked_dropout_runs_and_scales():
     """Dropout (training) goes through the fused kernel; with p=0.5 outputs differ from p=0 but stay finite."""
     inputs = make(Case(64, "v3-tiny"))
