@@ -43,6 +43,8 @@ Sections (all bfloat16 on one CUDA device):
    (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows named.
    ``folds`` (not run by default): the backward's four fold products alone, at the distance buffers' padded
    row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
+   ``latency`` (not run by default): the ``model`` section's batch-1 forward under `torch.profiler`, for our
+   model with each backend and Hugging Face's: host time per operator, GPU kernels launched and their time.
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -54,6 +56,7 @@ Usage::
     python benchmarks/attention_gpu.py --sections tiles --lengths 512 2048 8192 --out /tmp/tiles.json
     python benchmarks/attention_gpu.py --sections profile --lengths 512 4096 16384 --out /tmp/profile.json
     python benchmarks/attention_gpu.py --sections folds --lengths 512 4096 16384 --out /tmp/folds.json
+    python benchmarks/attention_gpu.py --sections latency --out /tmp/latency.json
     python benchmarks/attention_gpu.py --sections attention --impls triton "sdpa (no position terms)"
     python benchmarks/attention_gpu.py --smoke --out /tmp/smoke.json
                                                        # CPU, TRITON_INTERPRET=1, tiny shapes: checks the script
@@ -800,6 +803,81 @@ def model_section(args, device: str, dtype) -> Iterator[Unit]:
             yield f"model {name} dropout {dropout}", functools.partial(measure, name, build, dropout)
 
 
+def host_profile(fn: Callable[[], object], device: str) -> dict:
+    """Where a call's time goes when the host, not the GPU, sets it (a batch-1 forward): per call, the host time
+    of every operator (``host_ms``, self CPU time summed, and ``host_ops``, the operators by self CPU time, largest
+    first), the GPU kernels launched (``launches``) and their summed time (``gpu_ms``), from `torch.profiler`. The
+    call's wall time, without the profiler's overhead, is the ``model`` section's ``forward batch 1`` row."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = device == "cuda"
+
+    def measure() -> dict:
+        fn()  # warm-up: compilation, allocator, geometry caches
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=activities) as prof:
+            for _ in range(PROFILE_CALLS):
+                fn()
+            if gpu:
+                torch.cuda.synchronize()
+        return {"prof": prof}
+
+    result = _or_error(measure)
+    if "error" in result:
+        return result
+    host: dict[str, float] = {}
+    gpu_us, launches = 0.0, 0
+    for e in result["prof"].key_averages():
+        if e.self_cpu_time_total > 0:
+            host[e.key[:120]] = host.get(e.key[:120], 0.0) + e.self_cpu_time_total / 1e3 / PROFILE_CALLS
+        if gpu and e.device_type == torch.autograd.DeviceType.CUDA:
+            gpu_us += e.self_device_time_total
+            launches += e.count
+    ops = {k: round(v, 4) for k, v in sorted(host.items(), key=lambda kv: -kv[1])}
+    return {
+        "host_ms": round(sum(ops.values()), 4),
+        "host_ops": dict(list(ops.items())[:20]),
+        "launches": launches / PROFILE_CALLS if gpu else None,
+        "gpu_ms": round(gpu_us / 1e3 / PROFILE_CALLS, 4) if gpu else None,
+    }
+
+
+def latency_section(args, device: str, dtype) -> Iterator[Unit]:
+    """``latency`` (not run by default): the ``model`` section's batch-1 forward of ``--latency-length`` tokens
+    under `torch.profiler`, for our model with each backend and Hugging Face's: host time per operator, GPU
+    kernels and their time. On the H100 `triton` took 22.7 ms there against our `eager`'s 14.5 (host-bound: the
+    GPU work of 128 tokens is small); this says where the difference goes."""
+    import torch
+
+    def measure(name: str, build: Callable) -> list[dict]:
+        model = build()
+        ids = torch.randint(5, 1000 if not args.smoke else 100, (1, args.latency_length), device=device)
+        forward, _ = _step_fns(model, device, dtype, dict(input_ids=ids, attention_mask=torch.ones_like(ids)))
+        row = {
+            "section": "latency",
+            "impl": name,
+            "mode": "forward batch 1",
+            "n": args.latency_length,
+            "batch": 1,
+        }
+        row.update(host_profile(forward, device))
+        return [row]
+
+    for name, build, _ in _models(args, device):
+        yield f"latency {name}", functools.partial(measure, name, build)
+
+
+def print_latency(rows: list[dict]) -> None:
+    """Per `latency` row: host and GPU time per call, launches, and the operators of most host time."""
+    for r in rows:
+        if "error" in r:
+            print(f"{r['impl']:20s} {r['error']}")
+            continue
+        gpu = "" if r["gpu_ms"] is None else f", GPU {r['gpu_ms']:.3f} ms in {r['launches']:.0f} kernels"
+        print(f"{r['impl']:20s} host {r['host_ms']:.3f} ms{gpu}: {_top_kernels(r['host_ops'], 6, 40)}")
+
+
 def _tokens(r: dict, tokens: int) -> dict:
     if "error" in r:
         return {"error": r["error"]}
@@ -925,7 +1003,11 @@ def print_table(rows: list[dict]) -> None:
     if folds:
         print("\nthe backward's four fold products alone (ms per call; the largest kernels, torch.profiler)")
         print_folds(folds)
-    other = [r for r in rows if r["section"] not in (*ATTENTION_TABLE, "profile", "folds")]
+    latency = [r for r in rows if r["section"] == "latency"]
+    if latency:
+        print("\nbatch-1 forward under torch.profiler (per call): host time by operator, GPU kernels")
+        print_latency(latency)
+    other = [r for r in rows if r["section"] not in (*ATTENTION_TABLE, "profile", "folds", "latency")]
     if other:
         print("\nwhole model (deberta-v3-base shape), tokens/s and ms per call")
         for r in other:
@@ -1007,6 +1089,7 @@ SECTIONS = {
     "folds": folds_section,
     "model": model_section,
     "packed": packed_section,
+    "latency": latency_section,
 }
 
 

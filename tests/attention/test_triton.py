@@ -1854,6 +1854,28 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
     assert "kernel time per call" in capsys.readouterr().out
 
 
+def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_path, monkeypatch, capsys):
+    """``--sections latency``: each model's batch-1 forward under torch.profiler, its host time per call summed
+    over the operators and the operators of most host time (on CPU no GPU columns)."""
+    import json
+
+    bench = _benchmark_module()
+    every = bench._models
+    # two of the models (the interpreted triton one takes half a minute here; the machinery is the same)
+    monkeypatch.setattr(
+        bench, "_models", lambda *a, **k: [m for m in every(*a, **k) if m[0] in ("ours/eager", "hf eager")]
+    )
+    out = tmp_path / "latency.json"
+    assert bench.main(["--smoke", "--sections", "latency", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows] == ["ours/eager", "hf eager"]
+    for r in rows:
+        assert r["section"] == "latency" and r["batch"] == 1 and r["gpu_ms"] is None
+        assert r["host_ms"] >= max(r["host_ops"].values()) > 0
+        assert any("addmm" in op or "linear" in op for op in r["host_ops"])  # the projections
+    assert "host time by operator" in capsys.readouterr().out
+
+
 def test_gpu_benchmark_folds_section_times_both_row_strides(tmp_path, capsys):
     """``--sections folds``: the backward's four fold products alone, once at the unpadded row stride 2·sat + 1
     and once at the padded one (`triton_backend._distance_stride`), with the kernels that ran them."""
