@@ -457,27 +457,34 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
 PROFILE_CALLS = 5  # calls profiled per measurement, after one warm-up call
 
 
-def profile_kernels(fn: Callable[[], object], device: str) -> dict:
-    """Where ``fn``'s time goes: time per call of each kernel it launches (ms, by kernel name, largest first,
-    from `torch.profiler`), their sum as ``ms``. Kernels only, so launch gaps and host work are not in it;
-    compare ``ms`` with the `attention` row's wall time to see them. On CPU (``--smoke``) the operators'
-    CPU time stands in."""
+def _profiled(fn: Callable[[], object], gpu: bool, activities: list) -> dict:
+    """``{"prof": ...}``: `torch.profiler`'s record of ``activities`` over `PROFILE_CALLS` calls of ``fn``, after one
+    warm-up call (compilation, allocator, caches); or the row's error (`_or_error`)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    gpu = device == "cuda"
+    from torch.profiler import profile
 
     def measure() -> dict:
-        fn()  # warm-up: compilation, allocator
-        activity = ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU
-        with profile(activities=[activity]) as prof:
+        fn()
+        with profile(activities=activities) as prof:
             for _ in range(PROFILE_CALLS):
                 fn()
             if gpu:
                 torch.cuda.synchronize()
         return {"prof": prof}
 
-    result = _or_error(measure)
+    return _or_error(measure)
+
+
+def profile_kernels(fn: Callable[[], object], device: str) -> dict:
+    """Where ``fn``'s time goes: time per call of each kernel it launches (ms, by kernel name, largest first,
+    from `torch.profiler`), their sum as ``ms``. Kernels only, so launch gaps and host work are not in it;
+    compare ``ms`` with the `attention` row's wall time to see them. On CPU (``--smoke``) the operators'
+    CPU time stands in."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    gpu = device == "cuda"
+    result = _profiled(fn, gpu, [ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU])
     if "error" in result:
         return result
     times: dict[str, float] = {}
@@ -809,21 +816,10 @@ def host_profile(fn: Callable[[], object], device: str) -> dict:
     first), the GPU kernels launched (``launches``) and their summed time (``gpu_ms``), from `torch.profiler`. The
     call's wall time, without the profiler's overhead, is the ``model`` section's ``forward batch 1`` row."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     gpu = device == "cuda"
-
-    def measure() -> dict:
-        fn()  # warm-up: compilation, allocator, geometry caches
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-        with profile(activities=activities) as prof:
-            for _ in range(PROFILE_CALLS):
-                fn()
-            if gpu:
-                torch.cuda.synchronize()
-        return {"prof": prof}
-
-    result = _or_error(measure)
+    result = _profiled(fn, gpu, [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
     if "error" in result:
         return result
     host: dict[str, float] = {}
