@@ -37,9 +37,9 @@ class Request:
 
 
 # From compute capability 8.0 (Ampere) on, Triton compiles `tl.dot` to tensor-core instructions. For older NVIDIA
-# GPUs (Turing's T4, Volta's V100) Triton 3.9 emits float32 FMAs instead, for float16 inputs too (a 64x64 product
-# compiled for sm_75: no HMMA, 2048 FFMA; for sm_80: HMMA), while cuBLAS, under the PyTorch backends, keeps the
-# tensor cores: backends built on Triton kernels (`triton`, compiled `flex`) are no fast path there.
+# GPUs (Turing's T4, Volta's V100) Triton 3.9 emits float32 FMAs instead, for float16 inputs too (the forward
+# kernel compiled for sm_75 has no HMMA, for sm_80 it has: tests/attention/compile_triton_kernels.py checks it),
+# while cuBLAS, under the PyTorch backends, keeps the tensor cores: Triton kernels are no fast path there.
 TRITON_TENSOR_CORES = (8, 0)
 
 
