@@ -36,13 +36,6 @@ class Request:
     capability: tuple[int, int] | None = None
 
 
-# From compute capability 8.0 (Ampere) on, Triton compiles `tl.dot` to tensor-core instructions. For older NVIDIA
-# GPUs (Turing's T4, Volta's V100) Triton 3.9 emits float32 FMAs instead, for float16 inputs too (the forward
-# kernel compiled for sm_75 has no HMMA, for sm_80 it has: tests/attention/compile_triton_kernels.py checks it),
-# while cuBLAS, under the PyTorch backends, keeps the tensor cores: Triton kernels are no fast path there.
-TRITON_TENSOR_CORES = (8, 0)
-
-
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of an NVIDIA GPU, None for any other device (CPU, ROCm builds, where ``cuda`` names an
     AMD GPU). Read from the device's properties, which PyTorch caches: no synchronisation, and under
@@ -56,12 +49,6 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 def capability_str(capability: tuple[int, int]) -> str:
     """(7, 5) -> '7.5'."""
     return ".".join(map(str, capability))
-
-
-def triton_tensor_cores(request: Request) -> bool:
-    """Whether Triton kernels run their matrix products on tensor cores on the request's device (see
-    `TRITON_TENSOR_CORES`; devices of unknown capability are taken to)."""
-    return request.capability is None or request.capability >= TRITON_TENSOR_CORES
 
 
 @dataclass(frozen=True)

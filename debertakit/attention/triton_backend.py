@@ -34,19 +34,18 @@ from torch import Tensor
 from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
-from debertakit.attention.registry import (
-    TRITON_TENSOR_CORES,
-    Backend,
-    Request,
-    capability_str,
-    register,
-    triton_tensor_cores,
-)
+from debertakit.attention.registry import Backend, Request, capability_str, register
 from debertakit.attention.relative import RelativeIndex
 from debertakit.attention.triton_aot import Tiles
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+# From compute capability 8.0 (Ampere) on, Triton compiles `tl.dot` to tensor-core instructions. For older NVIDIA
+# GPUs (Turing's T4, Volta's V100) Triton 3.9 emits float32 FMAs instead, for float16 inputs too (the forward
+# kernel compiled for sm_75 has no HMMA, for sm_80 it has: tests/attention/compile_triton_kernels.py checks it),
+# while cuBLAS, under the PyTorch backends, keeps the tensor cores: the backend declines them. Devices of unknown
+# capability (ROCm's) are let through.
+TRITON_TENSOR_CORES = (8, 0)
 
 
 def interpreter_enabled() -> bool:
@@ -1085,7 +1084,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, nq: int, nk: int, p: fl
 def _unsupported(r: Request) -> str | None:
     if r.device_type != "cuda" and not (r.device_type == "cpu" and interpreter_enabled()):
         return "needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)"
-    if not triton_tensor_cores(r):
+    if r.capability is not None and r.capability < TRITON_TENSOR_CORES:
         # besides the speed, the head-dim-128 dQ kernel compiled for sm_75 needs 139 264 bytes of shared memory,
         # where a Turing GPU's block may use 64 KB
         return (

@@ -11,7 +11,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # for one loop over tiles per run, and for
                                                               # products the warps compute twice
                                                               # (and that Triton compiles no tensor-core
-                                                              # product for sm_75: `registry.TRITON_TENSOR_CORES`)
+                                                              # product for sm_75:
+                                                              # `triton_backend.TRITON_TENSOR_CORES`)
     python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80),
                                                               # and the configured tiles for sm_86 within its
                                                               # shared memory
@@ -31,13 +32,13 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from debertakit.attention import triton_kernels as K  # noqa: E402
-from debertakit.attention.registry import TRITON_TENSOR_CORES  # noqa: E402
 from debertakit.attention.triton_aot import FLAGS, MMA_OPS, compile_kernel  # noqa: E402
 from debertakit.attention.triton_backend import (  # noqa: E402
     BACKWARD,
     FORWARD,
     GPU_TIMED,
     KERNEL_NAMES,
+    TRITON_TENSOR_CORES,
     skew_served,
     tiles_for,
 )
@@ -88,9 +89,9 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
 
 
 def tensor_cores_from_sm80() -> list[str]:
-    """The premise of `registry.TRITON_TENSOR_CORES`: Triton compiles the forward kernel's products to tensor-core
-    instructions for sm_80 and to none for sm_75 (float32 FMAs: `auto` then leaves the Triton backends). Returns
-    what contradicts it (a Triton release that changes either side means revisiting the gate)."""
+    """The premise of `triton_backend.TRITON_TENSOR_CORES`: Triton compiles the forward kernel's products to
+    tensor-core instructions for sm_80 and to none for sm_75 (float32 FMAs: the backend declines such GPUs).
+    Returns what contradicts it (a Triton release that changes either side means revisiting the gate)."""
     flags = _buildable(dict.fromkeys(FLAGS, True), 64, "_fwd_kernel")
     flags = dict(flags, DROPOUT=False, SKEW=False, DIST=False)
     tiles = tiles_for(torch.device("cuda"), 64, "_fwd_kernel")
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         ("loops not cut into three runs", uncut),
         ("matrix products replicated across warps", replicated),
         ("shared memory beyond the GPU's", oversized),
-        ("tensor cores not where registry.TRITON_TENSOR_CORES says", premise),
+        ("tensor cores not where triton_backend.TRITON_TENSOR_CORES says", premise),
     )
     for title, problems in checks:
         if problems:

@@ -166,7 +166,7 @@ def test_named_backend_that_cannot_run_raises_clearly():
 
 
 def test_auto_leaves_triton_kernels_on_gpus_without_their_tensor_cores():
-    """Below compute capability 8.0 Triton compiles matrix products without tensor cores (`registry.
+    """Below compute capability 8.0 Triton compiles matrix products without tensor cores (`triton_backend.
     TRITON_TENSOR_CORES`): there `auto` leaves `triton` for `chunked` (cuBLAS), and a call naming `triton` says
     why it cannot run."""
     assert "triton" in debertakit.attention.available_backends()  # the test extra installs Triton
