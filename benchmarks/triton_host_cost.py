@@ -8,7 +8,8 @@ written and read through memory.
 
 This script counts that work exactly, at the GPU benchmark's shapes, by running the backend's forward and
 backward on PyTorch's ``meta`` device (shapes without data, standing for the GPU: the code takes its GPU paths)
-with the kernel launches replaced by no-ops, under a dispatch mode that records every operation:
+with the kernel launches replaced by no-ops and the GPU's tiles (`triton_backend.GPU_TILES`, which size the
+distance tables), under a dispatch mode that records every operation:
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
@@ -31,6 +32,7 @@ import argparse
 import collections
 import contextlib
 import datetime
+import functools
 import json
 import math
 import platform
@@ -139,7 +141,11 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
         calls["backward"] = rec
         return out, lse
 
-    with mock.patch.multiple(triton_backend, _fwd_op=fwd, _kernels=_NoLaunch, NEAR_BAND=near_band):
+    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))  # not the interpreter's
+    patches = dict(
+        _fwd_op=fwd, _kernels=_NoLaunch, NEAR_BAND=near_band, tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k)
+    )
+    with mock.patch.multiple(triton_backend, **patches):
         with mock.patch.multiple(torch, autocast=_autocast_off_on_meta):
             triton_backend.triton_attention(
                 q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms

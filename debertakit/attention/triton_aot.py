@@ -27,7 +27,7 @@ F32_POINTERS = {"ROW", "COL", "FAR", "LSE", "DELTA", "DQ", "DK"}
 STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) activations, in elements
 # the distance buffers' row stride, a multiple of 16 cells (`triton_backend.DIST_ALIGN`)
 ALIGNED_INTS = {*STRIDES, "DW"}
-INTS = {"H", "B", "NQ", "NK", "R", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
+INTS = {"H", "B", "NQ", "NK", "R", "LOG2_BAND", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
 FLOATS = {"scale", "drop_scale"}
 FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW", "DIST")
 # with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16

@@ -243,6 +243,9 @@ def _padded_rows(n: int) -> int:
     return _aligned(n)
 
 
+_ONE_BAND = 30  # the kernels' LOG2_BAND for a table of one band per (b, h) (`triton_kernels._band_rows`)
+
+
 def _distance_reach(sat: int, nq: int, nk: int, span: int) -> int:
     """R / 2, the distances either side of 0 a distance table holds: the largest |i - j| of a pair of the
     sequences in a near tile, rounded up to `DIST_ALIGN` (so R, the kernels' row step, is a multiple of 16:
@@ -252,15 +255,58 @@ def _distance_reach(sat: int, nq: int, nk: int, span: int) -> int:
     return _aligned(min(max(_padded_rows(nq), _padded_rows(nk)) - 1, sat + span))
 
 
-def _scaled_product(a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int) -> Tensor:
-    """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros: on a GPU one
-    matmul whose float32 accumulator is scaled and rounded once (``baddbmm`` with beta 0: its input is not read);
-    on the CPU (the interpreter), or with operands of another dtype, in float32, then rounded. Scaling here costs
-    no pass of its own, and a scaled table holds what the scores add (float16 ones stay far from overflow)."""
+def _distance_layout(
+    sat: int, nq: int, nk: int, tiles: list[Tiles], far_tiles: bool, head_dim: int, batch: int
+) -> tuple[int, int, int]:
+    """(band, bands, cells) of the distance tables for the ``tiles`` of the kernels that read them: rows per
+    band (0: one band, each (b, h)'s rows padded to `DIST_ALIGN`), bands per (b, h) and cells per row (R + 1).
+
+    One band: every row holds the distances -reach … reach (`_distance_reach`), 2·reach + 1 cells, of which a
+    row of an input shorter than the reach reads N. Where no tile is far (`_far_tiles`) and the two sides are
+    one length, bands of the longest tile side's rows (every tile then lies in one band) hold instead only what
+    their rows read: row r of a band, cell e = j - r + band for key j (for ROW; COL likewise with the roles
+    swapped), N' + band + 1 cells for N' tokens padded to whole bands. At v3's N = 512 and 64-row bands that is
+    577 cells against 1025: the tables' matmuls do 44% less. Bands are used only where they move fewer bytes:
+    the cells written, plus, for more than one batch row, the copy of q / k into band-major order
+    (`_band_product`: a row of ``head_dim`` read and written). At N = 128, 64-row bands write 193 cells a row
+    against 257, but with the copy move more."""
+    one = (0, 1, 2 * _distance_reach(sat, nq, nk, max(t.block_m + t.block_n for t in tiles)) + 1)
+    if far_tiles or nq != nk:
+        return one
+    band = max(max(t.block_m, t.block_n) for t in tiles)  # tile sides are powers of two, 16 or more
+    rows = triton_cdiv(nq, band) * band
+    banded = (band, rows // band, rows + band + 1)
+    copy = 2 * head_dim if batch > 1 else 0
+    if rows < 2 * band or rows * (banded[2] + copy) >= _padded_rows(nq) * one[2]:
+        return one
+    return banded
+
+
+def _distance_offset(band: int, cells: int) -> int:
+    """The cell of distance 0 in a band's first row, where the kernels' ROW / COL pointers start: the reach with
+    one band, the band's rows with bands (`_distance_layout`)."""
+    return band if band else cells // 2
+
+
+def _log2_band(band: int) -> int:
+    """The kernels' LOG2_BAND (`triton_kernels._band_rows`)."""
+    return _ONE_BAND if band == 0 else band.bit_length() - 1
+
+
+def _scaled_product(
+    a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int, lead: bool = False
+) -> Tensor:
+    """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros and with
+    ``lead`` as many before it (one fill for both): on a GPU one matmul whose float32 accumulator is scaled and
+    rounded once (``baddbmm`` with beta 0: its input is not read); on the CPU (the interpreter), or with operands
+    of another dtype, in float32, then rounded. Scaling here costs no pass of its own, and a scaled table holds
+    what the scores add (float16 ones stay far from overflow)."""
     heads, m, n = a.shape[0], a.shape[1], b.shape[2]
-    flat = torch.empty(heads * m * n + slack, dtype=dtype, device=a.device)
-    flat[heads * m * n :].zero_()
-    out = flat[: heads * m * n].view(heads, m, n)
+    start = slack if lead else 0
+    flat = torch.empty(start + heads * m * n + slack, dtype=dtype, device=a.device)
+    zeros = (2, slack) if lead else (1, slack)
+    flat.as_strided(zeros, (start + heads * m * n, 1), 0 if lead else start + heads * m * n).zero_()
+    out = flat[start : start + heads * m * n].view(heads, m, n)
     if a.device.type != "cpu" and a.dtype == b.dtype == dtype:
         unused = a.new_empty((1, 1, 1)).expand(heads, m, n)
         torch.baddbmm(unused, a, b, beta=0.0, alpha=alpha, out=out)
@@ -269,23 +315,24 @@ def _scaled_product(a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slac
     return flat
 
 
-def _pad_rows(heads: Tensor, batch: int, n: int) -> Tensor:
+def _pad_rows(heads: Tensor, batch: int, n: int, padded: int) -> Tensor:
     """(H, B·N, d) rows per head as (H, B·N', d), each batch row's N rows followed by zero rows up to
-    N' = `_padded_rows` (a copy only when N is not a multiple of `DIST_ALIGN`)."""
-    padded = _padded_rows(n)
+    N' = ``padded`` (a copy only when N' > N)."""
     if padded == n:
         return heads
     per_row = heads.unflatten(1, (batch, n))
     return torch.nn.functional.pad(per_row, (0, 0, 0, padded - n)).flatten(1, 2)
 
 
-def _distance_cells(lut: Tensor, sat: int, reach: int) -> Tensor:
-    """(2, 2·reach + 1) int64: the table row each cell of a distance table's row reads, ROW's then COL's. ROW's
-    cell e stands for distance i - j = reach - e, COL's for e - reach (clamped to ±sat: the saturated cells
-    repeat the ends). Depends on the geometry alone (`triton_attention` caches it)."""
-    dist = torch.arange(reach, -reach - 1, -1, device=lut.device).clamp(-sat, sat) + sat
-    row = lut.long()[dist]
-    return torch.stack([row, row.flip(0)])
+def _distance_cells(lut: Tensor, sat: int, band: int, bands: int, cells: int) -> Tensor:
+    """(2, bands, cells) int64: the table row each cell of a distance table's rows reads, per band, ROW's then
+    COL's (`_distance_layout`). In band b, ROW's cell e stands for distance i - j = offset + b·band - e, COL's
+    for its negative (offset: `_distance_offset`; clamped to ±sat: the saturated cells repeat the ends). Depends
+    on the geometry alone (`triton_attention` caches it)."""
+    first = _distance_offset(band, cells) + band * torch.arange(bands, device=lut.device)
+    dist = first[:, None] - torch.arange(cells, device=lut.device)  # (bands, cells): i - j of ROW's cells
+    lut = lut.long()
+    return torch.stack([lut[dist.clamp(-sat, sat) + sat], lut[(-dist).clamp(-sat, sat) + sat]])
 
 
 def _distance_tables(
@@ -296,36 +343,69 @@ def _distance_tables(
     cells: Tensor,
     alpha: float,
     shape: tuple[int, int, int],
+    band: int = 0,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """ROW and COL laid out by distance (the kernels' ``DIST``): ``ROW[i, reach + (j - i)] = alpha · q_i ·
-    Kr[idx(i, j)]``, ``COL[j, reach + (i - j)] = alpha · k_j · Qr[idx(i, j)]``, (H, B·N', 2·reach + 1) per head
-    in q's dtype, N' the padded rows (`_pad_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by zeros
-    (`_distance_slack`; `_distance_rows` views the products). Each is one matmul against the table rows its
-    ``cells`` index (`_distance_cells`), ``alpha`` = scale · log2(e): the kernels add the cells as they are. Same
-    products as `_tables`, their columns repeated by distance (2·reach + 1 of them against the table's R rows)
-    and rounded to the inputs' dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512
-    float32 ones."""
+    """ROW and COL laid out by distance (the kernels' ``DIST``) in ``band``s (`_distance_layout`): with one band
+    ``ROW[i, reach + (j - i)] = alpha · q_i · Kr[idx(i, j)]``, ``COL[j, reach + (i - j)] = alpha · k_j ·
+    Qr[idx(i, j)]``, (H, B·N', 2·reach + 1) per head; with bands (H, bands, B, band, cells), ROW's row r of band
+    b holding pair (b·band + r, j) at cell band + j - r, COL's likewise. In q's dtype, N' the padded rows
+    (`_band_rows`), for ``shape`` = (B, Nq, Nk), each flat, after `_distance_lead` and followed by
+    `_distance_slack` zeros (`_distance_rows` views one band's products). Each is one matmul per band against
+    the table rows its ``cells`` index (`_distance_cells`), ``alpha`` = scale · log2(e): the kernels add the
+    cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
+    dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
-    slack = _distance_slack(cells.shape[1], nq, nk)
+    slack = _distance_slack(cells.shape[2], nq, nk, band)
     row = col = None
     if q_heads is not None:
-        queries = _pad_rows(q_heads, batch, nq)
-        row = _scaled_product(queries, pos_k[:, cells[0]].transpose(-1, -2), alpha, q_heads.dtype, slack)
+        row = _band_product(q_heads, pos_k, cells[0], batch, nq, band, alpha, slack)
     if k_heads is not None:
-        keys = _pad_rows(k_heads, batch, nk)
-        col = _scaled_product(keys, pos_q[:, cells[1]].transpose(-1, -2), alpha, k_heads.dtype, slack)
+        col = _band_product(k_heads, pos_q, cells[1], batch, nk, band, alpha, slack)
     return row, col
 
 
-def _distance_slack(cells: int, nq: int, nk: int) -> int:
+def _band_rows(n: int, band: int) -> int:
+    """A distance table's rows per (b, h) for ``n`` tokens: whole bands, or with one band a multiple of
+    `DIST_ALIGN` (so that each (b, h)'s rows start aligned for the kernels' vector loads:
+    `triton_kernels._table_offset`)."""
+    return triton_cdiv(n, band) * band if band else _padded_rows(n)
+
+
+def _band_product(
+    heads: Tensor,
+    table: Tensor,
+    cells: Tensor,
+    batch: int,
+    n: int,
+    band: int,
+    alpha: float,
+    slack: int,
+) -> Tensor:
+    """One distance table, flat from its first cell (`_distance_tables`): the (H, B·N, d) rows per head against
+    the (H, R, d) position table's rows that ``cells`` (bands, cells) index, one matmul per (head, band). With
+    bands the rows are first copied band-major, (H, bands, B·band, d) (with one band a view), so that each
+    band's rows of the whole batch meet its table rows in one product; the copy is that of q or k, small
+    against the cells it saves. With bands the zeros of the slack lie before the table too: the kernels load
+    the two saturated cells of each row of a program's block, distance ±min(sat, R / 2) from its cell of
+    distance 0, in every call; far tiles alone use them, and with bands there are none (`_distance_layout`), but
+    in the first band the left one lies before the table. With one band every row holds both."""
+    H, d = heads.shape[0], heads.shape[2]
+    bands, width = cells.shape
+    rows = _pad_rows(heads, batch, n, _band_rows(n, band))
+    a = rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
+    b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
+    return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)[slack if band else 0 :]
+
+
+def _distance_slack(cells: int, nq: int, nk: int, band: int = 0) -> int:
     """Zeros after a distance table's last (b, h): what a tile whose rows or columns run past the end reads
     beyond it, at most `FAR_PAD` (the largest tile side) rows of ``cells`` and the other side's padded length
     (`triton_kernels._distance_terms`)."""
-    return (FAR_PAD + 1) * cells + max(_padded_rows(nq), _padded_rows(nk)) + FAR_PAD
+    return (FAR_PAD + 1) * cells + max(_band_rows(nq, band), _band_rows(nk, band)) + FAR_PAD
 
 
 def _distance_rows(flat: Tensor, heads: int, batch: int, n: int, cells: int) -> Tensor:
-    """A distance table's products as (H, B, N', cells), N' = `_padded_rows` (n): a view of ``flat``."""
+    """A distance table of one band as (H, B, N', cells), N' = `_padded_rows` (n): a view of ``flat``."""
     rows = _padded_rows(n)
     return flat[: heads * batch * rows * cells].view(heads, batch, rows, cells)
 
@@ -482,6 +562,7 @@ def _position_inputs(
     cells: Tensor | None,
     sat: int,
     scale: float,
+    band: int,
 ) -> _PositionInputs:
     skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
     dist = cells is not None  # (given where `_uses_distance`: never with skew)
@@ -489,19 +570,20 @@ def _position_inputs(
     k_heads = _per_head(k) if p2c else None
     (B, H, NQ, _), NK = q.shape, k.shape[2]
     if dist:
-        reach = cells.shape[1] // 2
-        row, col = _distance_tables(q_heads, k_heads, pos_q, pos_k, cells, scale * LOG2E, (B, NQ, NK))
-        R = 2 * reach
+        reach = cells.shape[2] // 2
+        row, col = _distance_tables(q_heads, k_heads, pos_q, pos_k, cells, scale * LOG2E, (B, NQ, NK), band)
+        R = cells.shape[2] - 1
     else:
         row, col = _tables(q_heads, k_heads, B * NQ, pos_q, pos_k, p2p, rows=_skew_ends(lut, skew))
         R = _table_rows(row, col)
     # FAR only where a far tile may read it (`_far_tiles`): most calls launch nothing for it
     far = None
-    if (row is not None or col is not None) and far_tiles:
+    if (row is not None or col is not None) and far_tiles:  # (with one band: `_distance_layout`)
         ends = col if col is None or not dist else _distance_ends(col, H, B, NK, reach, sat)
         far = _far_columns(ends, lut, skew or dist, k_mask, (H, B, NK), q.device)
     if dist:  # the kernels read ROW / COL from row 0's cell of distance 0 (`triton_kernels._distance_terms`)
-        row, col = (None if t is None else t[reach:] for t in (row, col))
+        first = _distance_offset(band, cells.shape[2])
+        row, col = (None if t is None else t[first:] for t in (row, col))
     PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
     return _PositionInputs(skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads)
 
@@ -588,6 +670,7 @@ def _fwd_op(
     ij: bool,
     far_tiles: bool,
     drop_t: int,
+    band: int,
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, float32 with dropout (`_out_dtype`), logsumexp (B, H, Nq) float32 in
     base 2 (see `triton_kernels`); +inf on rows with no visible key)."""
@@ -597,7 +680,7 @@ def _fwd_op(
         NK = k.shape[2]
         skew, dist, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD, cells, sat,
-            scale,
+            scale, band,
         )  # fmt: skip
         out = torch.empty_like(q, dtype=_out_dtype(q, drop_t))
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
@@ -609,7 +692,7 @@ def _fwd_op(
             _or_unused(far, dev, torch.float32), lut, PQ, PK,
             q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
-            H, B, NQ, NK, R, sat, TR, scale, **_dropout_args(seed, drop_t, dev),
+            H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
             SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
@@ -721,6 +804,7 @@ def _bwd_op(
     ij: bool,
     far_tiles: bool,
     drop_t: int,
+    band: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
     dev = q.device
@@ -729,7 +813,7 @@ def _bwd_op(
         NK = k.shape[2]
         skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD, cells, sat,
-            scale,
+            scale, band,
         )  # fmt: skip
         DW = _distance_stride(sat)
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
@@ -763,13 +847,15 @@ def _bwd_op(
         kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew, DIST=dist,
+            H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew,
+            DIST=dist,
             WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
-            H, B, NQ, NK, R, sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew, DIST=dist,
+            H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew,
+            DIST=dist,
             WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, far, tables  # free the N×R tables before the fold
@@ -818,7 +904,7 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 26
+_N_FWD_INPUTS = 27
 _N_FWD_TENSORS = 17  # q … q_hi, seed, cells; the rest are scalars
 
 
@@ -1003,7 +1089,7 @@ def triton_attention(
     explicit = geom.q_positions is not None or geom.k_positions is not None
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
-    cells = None  # the distance tables' cells (`_distance_cells`) where the kernels read them
+    cells, band = None, 0  # the distance tables' cells (`_distance_cells`) where the kernels read them
     if c2p or p2c or p2p:
         # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
         sat = rel.saturation
@@ -1014,12 +1100,12 @@ def triton_attention(
             ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
         )
         if (c2p or p2c) and _uses_distance(ij, p2p):
-            # one reach for both directions: the largest tiles of the three kernels (those they run with dropout)
-            tiles = (tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES)
-            span = max(t.block_m + t.block_n for t in tiles)
-            reach = _distance_reach(sat, NQ, NK, span)
+            # one layout for both directions: from the tiles of the three kernels (those they run with dropout)
+            tiles = [tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES]
+            layout = _distance_layout(sat, NQ, NK, tiles, _far_tiles(geom, ij, sat, NQ, NK), D, B)
+            band = layout[0]
             cells = geom.cached(
-                ("triton-cells", rel, sat, rows, reach, device), lambda: _distance_cells(lut, sat, reach)
+                ("triton-cells", rel, sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
             )
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
@@ -1031,9 +1117,9 @@ def triton_attention(
     v = _like(v.to(q.dtype), k)
     tokens = max(NQ, NK)
     row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
-    if cells is not None:  # the distance tables: padded rows of 2·reach + 1 cells
-        tokens = _padded_rows(tokens)
-        row_stride = max(row_stride, cells.shape[1])
+    if cells is not None:  # the distance tables: padded rows of R + 1 cells
+        tokens = _band_rows(tokens, band)
+        row_stride = max(row_stride, cells.shape[2])
     if tokens * row_stride >= 2**31:
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {tokens} tokens × "
@@ -1066,6 +1152,7 @@ def triton_attention(
         ij,
         _far_tiles(geom, ij, sat, NQ, NK),
         drop_t,
+        band,
     )
     return out.to(v.dtype), None
 

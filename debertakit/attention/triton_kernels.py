@@ -43,7 +43,11 @@ stored by distance instead of by table row: ``ROW[i, R/2 + (j - i)] = q_i·Kr[id
 distance in a near tile, in the inputs' dtype, scaled by the caller's matmul). Pair (i, j) then sits at ``i·R + j``
 from row 0's cell of distance 0 (and ``j·R + i`` in COL): a near tile's terms are two strided tile loads, where
 the gather reads a LUT entry and two table cells per pair at addresses computed per element. The far tiles read
-the same tables' ends (`_ends`, and FAR built from COL's).
+the same tables' ends (`_ends`, and FAR built from COL's). Where no tile is far and the rows of an input shorter
+than R / 2 would hold cells no pair reads, the caller lays the tables out in bands of 2**LOG2_BAND rows
+(H, bands, B, band, R + 1), each band's rows holding only the distances they reach; a tile's rows lie in one
+band, and moving the table's pointer to that band (`_band_shift`) keeps pair (i, j) at ``i·R + j`` from it. With
+one band (LOG2_BAND = 30) the pointer never moves.
 
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
@@ -297,13 +301,42 @@ def _table_stride(R, DIST: tl.constexpr):
 
 
 @triton.jit
-def _table_offset(bh, H, B, N, R, DIST: tl.constexpr):
-    """Offset (64-bit, in elements) of program (b, h)'s rows of ROW / COL. The distance tables hold each (b, h)'s
-    N rows padded to a multiple of DIST_ALIGN, so that every (b, h)'s rows, and with R a multiple of 16 every
-    row's cell of distance 0, start 16-element aligned: their tiles load as aligned vectors."""
+def _band_rows(N, LOG2_BAND):
+    """Rows per band of a distance table of N rows per (b, h): 2**LOG2_BAND, or one band of all the (b, h)'s
+    rows, N rounded up to DIST_ALIGN, where that is fewer (the caller passes LOG2_BAND = 30 for one band)."""
+    return tl.minimum(1 << LOG2_BAND, tl.cdiv(N, DIST_ALIGN) * DIST_ALIGN)
+
+
+@triton.jit
+def _table_offset(bh, H, B, N, R, LOG2_BAND, DIST: tl.constexpr):
+    """Offset (64-bit, in elements) of program (b, h)'s rows of ROW / COL. A distance table is laid out
+    (H, bands, B, band rows, R + 1) (see the module docstring), each (b, h)'s N rows padded to whole bands, so
+    that with bands and R multiples of 16 every band's rows start 16-element aligned: their tiles load as
+    aligned vectors. This is the offset of the (b, h)'s first band; `_band_step` moves to the others."""
     if DIST:
-        return _head_major(bh, H, B, tl.cdiv(N, DIST_ALIGN) * DIST_ALIGN) * (R + 1)
+        band = _band_rows(N, LOG2_BAND)
+        rows = tl.cdiv(N, band) * band
+        # a multiple of 16, which Triton cannot see through the minimum in `_band_rows` (see `_band_shift`)
+        return tl.multiple_of(((bh % H).to(tl.int64) * B * rows + (bh // H) * band) * (R + 1), 16)
     return _head_major(bh, H, B, N) * R
+
+
+@triton.jit
+def _band_step(N, B, R, LOG2_BAND):
+    """How far (64-bit) a distance table's pointer moves from one band to the next, so that pair (i, j) stays at
+    ``i·R + j`` from it: the B bands before it hold ``B·band·(R + 1)`` cells, less the ``band·R`` that i grew by.
+    A tile's rows lie in one band: its pointer is moved ``start >> LOG2_BAND`` steps (none with one band)."""
+    band = _band_rows(N, LOG2_BAND)
+    return band.to(tl.int64) * (B * (R + 1) - R)
+
+
+@triton.jit
+def _band_shift(start, LOG2_BAND, step):
+    """How far a distance table's pointer moves to the band of the block from ``start`` (`_band_step`). Said to
+    be a multiple of 16 (bands and R are: `triton_backend._distance_layout`): without it Triton no longer knows
+    the moved pointer aligned, and the near tiles' loads lose their vectors (the static report's near loops
+    grew by half)."""
+    return tl.multiple_of((start >> LOG2_BAND) * step, 16)
 
 
 @triton.jit
@@ -547,12 +580,13 @@ def _query_block(
 def _key_block(
     start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+    LOG2_BAND, col_step,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """For the query-block programs (forward, dQ): the K and V rows of the key block from ``start_n`` and the
-    tile's scores, visibility, key positions and far sides (`_tile`)."""
+    tile's scores, visibility, key positions and far sides (`_tile`). ``col_step``: COL's `_band_step`."""
     # start_n is a multiple of BLOCK_N: every run of a loop starts at one or is empty (`_runs`). Said to Triton,
     # the near band's ROW tiles (`_distance_terms`) and the far tiles' FAR rows load as aligned vectors
     offs_n = tl.max_contiguous(tl.multiple_of(start_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
@@ -560,6 +594,8 @@ def _key_block(
     kv_ptrs = offs_n[:, None] * SKN + offs_d[None, :]
     k = tl.load(K + kv_ptrs, mask=n_in[:, None], other=0.0)
     v = tl.load(V + kv_ptrs, mask=n_in[:, None], other=0.0)
+    if DIST and not (KIND == _FAR_LEFT or KIND == _FAR_RIGHT):  # to the band of the key block (far: no bands)
+        COL += _band_shift(start_n, LOG2_BAND, col_step)
     s, allowed, kpos, far_left, far_right = _tile(
         q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
         ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
@@ -573,7 +609,7 @@ def _key_block(
 def _fwd_keys(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
-    seed, bh, DROP_T,
+    LOG2_BAND, col_step, seed, bh, DROP_T,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
@@ -584,6 +620,7 @@ def _fwd_keys(
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            LOG2_BAND, col_step,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         # online softmax; a row that has seen no visible key yet keeps m = -inf (and p = 0, never NaN)
@@ -633,6 +670,7 @@ def _fwd_kernel(
     NQ,
     NK,
     R,
+    LOG2_BAND,
     SAT,
     TR,
     scale,
@@ -663,10 +701,10 @@ def _fwd_kernel(
     Q += q_base
     OUT += q_base
     LSE += q_off
-    ROW += _table_offset(bh, H, B, NQ, R, DIST)
+    ROW += _table_offset(bh, H, B, NQ, R, LOG2_BAND, DIST)
     K += k_base
     V += k_base
-    COL += _table_offset(bh, H, B, NK, R, DIST)
+    COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
@@ -678,6 +716,9 @@ def _fwd_kernel(
     PQ += (bh % H) * TR * HEAD_DIM  # this head's (TR, D) position tables
     PK += (bh % H) * TR * HEAD_DIM
 
+    if DIST:  # to the band of this program's query block
+        ROW += _band_shift(pid_m * BLOCK_M, LOG2_BAND, _band_step(NQ, B, R, LOG2_BAND))
+    col_step = _band_step(NK, B, R, LOG2_BAND)
     end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
         Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST
@@ -704,7 +745,7 @@ def _fwd_kernel(
             acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
-            seed, bh, DROP_T,
+            LOG2_BAND, col_step, seed, bh, DROP_T,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
             DROPOUT, kinds[run],
         )  # fmt: skip
@@ -724,7 +765,7 @@ def _fwd_kernel(
 def _dq_keys(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
-    log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+    log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
@@ -736,6 +777,7 @@ def _dq_keys(
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+            LOG2_BAND, col_step,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
         )  # fmt: skip
         p = tl.exp2(s - lse[:, None])  # hidden pairs and empty rows: exp2(-inf) = 0
@@ -787,6 +829,7 @@ def _dq_kernel(
     NQ,
     NK,
     R,
+    LOG2_BAND,
     SAT,
     DW,
     TR,
@@ -823,11 +866,11 @@ def _dq_kernel(
     DQ += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += _table_offset(bh, H, B, NQ, R, DIST)
+    ROW += _table_offset(bh, H, B, NQ, R, LOG2_BAND, DIST)
     DQ_DIST += q_tab * DW
     K += k_base
     V += k_base
-    COL += _table_offset(bh, H, B, NK, R, DIST)
+    COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     QPOS += b * NQ
     QSEG += b * NQ
@@ -839,6 +882,9 @@ def _dq_kernel(
     PQ += (bh % H) * TR * HEAD_DIM
     PK += (bh % H) * TR * HEAD_DIM
 
+    if DIST:  # to the band of this program's query block
+        ROW += _band_shift(pid_m * BLOCK_M, LOG2_BAND, _band_step(NQ, B, R, LOG2_BAND))
+    col_step = _band_step(NK, B, R, LOG2_BAND)
     end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
         Q, QPOS, QSEG, ROW, pid_m, NQ, R, SQN, end_l, end_r, HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST
@@ -875,7 +921,7 @@ def _dq_kernel(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
-            log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+            log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
             DROPOUT, kinds[run],
         )  # fmt: skip
@@ -888,19 +934,24 @@ def _dq_kernel(
 def _dkv_queries(
     dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
     Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
-    end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+    end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
     KIND: tl.constexpr,
 ):  # fmt: skip
     """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
-    (tiles of one KIND)."""
+    (tiles of one KIND). ``row_step``: ROW's `_band_step`."""
     # a far run's dS, summed over the queries at its end
     far_ds = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start_m in range(start, end, BLOCK_M):
+        rows = ROW
+        if DIST and not (
+            KIND == _FAR_LEFT or KIND == _FAR_RIGHT
+        ):  # to the query block's band (far: no bands)
+            rows += _band_shift(start_m, LOG2_BAND, row_step)
         offs_m, offs_d, m_in, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r = _query_block(
-            Q, QPOS, QSEG, ROW, start_m // BLOCK_M, NQ, R, SQN, end_l, end_r,
+            Q, QPOS, QSEG, rows, start_m // BLOCK_M, NQ, R, SQN, end_l, end_r,
             HEAD_DIM, BLOCK_M, HAS_ROW, HAS_SEG, IJ, DIST,
         )  # fmt: skip
         do = tl.load(DO + (offs_m[:, None] * SQN + offs_d[None, :]), mask=m_in[:, None], other=0.0)
@@ -908,7 +959,7 @@ def _dkv_queries(
         dlt = tl.load(DELTA + offs_m, mask=m_in, other=0.0)
         s, allowed, kpos, far_left, far_right = _tile(
             q, k, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_n, n_in, start_n,
-            ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
+            rows, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, R, SAT, end_l, end_r, log2_scale, PQ, PK,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT, KIND,
             True,
         )  # fmt: skip
@@ -976,6 +1027,7 @@ def _dkv_kernel(
     NQ,
     NK,
     R,
+    LOG2_BAND,
     SAT,
     DW,
     TR,
@@ -1009,12 +1061,12 @@ def _dkv_kernel(
     DO += q_base
     LSE += q_off
     DELTA += q_off
-    ROW += _table_offset(bh, H, B, NQ, R, DIST)
+    ROW += _table_offset(bh, H, B, NQ, R, LOG2_BAND, DIST)
     K += k_base
     V += k_base
     DK += k_base
     DV += k_base
-    COL += _table_offset(bh, H, B, NK, R, DIST)
+    COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     DK_DIST += k_tab * DW
     QPOS += b * NQ
@@ -1046,6 +1098,9 @@ def _dkv_kernel(
     seed = 0
     if DROPOUT:
         seed = tl.load(SEED)  # once per program (see the module docstring)
+    if DIST:  # to the band of this program's key block
+        COL += _band_shift(pid_n * BLOCK_N, LOG2_BAND, _band_step(NK, B, R, LOG2_BAND))
+    row_step = _band_step(NQ, B, R, LOG2_BAND)
     end_l, end_r = _ends(LUT, SAT, R, SKEW, DIST)
     start_n = pid_n * BLOCK_N
     log2_scale = scale * _LOG2E
@@ -1057,7 +1112,7 @@ def _dkv_kernel(
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
             Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
-            end_l, end_r, log2_scale, PQ, PK, seed, bh, DROP_T, drop_scale,
+            end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
             DROPOUT, kinds[run],
         )  # fmt: skip

@@ -656,7 +656,7 @@ def _distance_reaches(monkeypatch) -> list[int]:
     real = triton_backend._distance_tables
 
     def spy(*args):
-        reaches.append(args[4].shape[1] // 2)  # the cells: 2·reach + 1 per table
+        reaches.append(args[4].shape[2] // 2)  # the cells: 2·reach + 1 per row (one band)
         return real(*args)
 
     monkeypatch.setattr(triton_backend, "_distance_tables", spy)
@@ -747,7 +747,7 @@ def test_distance_tables_hold_each_pairs_terms_by_distance():
     lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], DEVICE)
     reach = triton_backend._distance_reach(sat, N, N, 32)
     assert reach % triton_backend.DIST_ALIGN == 0 and sat + 32 <= reach < N
-    cells = triton_backend._distance_cells(lut, sat, reach)
+    cells = triton_backend._distance_cells(lut, sat, 0, 1, 2 * reach + 1)
     row, col = triton_backend._distance_tables(
         triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
         scale * triton_backend.LOG2E, (B, N, N),
@@ -803,6 +803,154 @@ def test_distance_reach_covers_every_near_tile():
             )
             last = 2 * triton_backend._padded_rows(n_own) * (R + 1)  # the last of 3 (b, h)s
             assert reach + last + (rows_own - 1) * R + rows_other - 1 < size, (sat, nq, nk, bm, bn)
+
+
+# inputs shorter than the saturation (WIDE: 64), where no tile is far: the distance tables come in bands
+BANDED_GRID = {
+    "wide_n64": Case(n=64, rel=WIDE),
+    "wide_padding": Case(n=50, batch=3, heads=2, rel=WIDE, key_lengths=(50, 23, 0)),
+    "wide_packed_causal": Case(n=60, rel=WIDE, cu_seqlens=(0, 17, 50, 60), causal=True),
+    "wide_c2p_only": Case(n=45, rel=WIDE, terms=PositionTerms(c2p=True, p2c=False)),
+    "wide_p2c_only": Case(n=45, rel=WIDE, terms=PositionTerms(c2p=False, p2c=True)),
+    "wide_d64_heads2": Case(n=40, heads=2, dim=64, rel=WIDE),
+    "wide_d128_causal": Case(n=34, dim=128, rel=WIDE, causal=True),
+}
+
+
+# the kernels' tiles per band: 16-row bands at the interpreter's 16×16 tiles; 32-row bands where one kernel's
+# tile has a side of 32, the others' tiles two to a band
+BAND_TILES = {
+    16: {},
+    32: {"_fwd_kernel": triton_backend.Tiles(16, 32, 1, 1), "_dq_kernel": triton_backend.Tiles(32, 16, 1, 1)},
+}
+
+
+def _distance_bands(monkeypatch, band: int) -> list[int]:
+    """Sets the tiles of `BAND_TILES` [band] and returns the band of every `_distance_tables` call, in call
+    order."""
+    tiles = BAND_TILES[band]
+    monkeypatch.setattr(triton_backend, "TILE_OVERRIDES", dict(tiles))
+    bands = []
+    real = triton_backend._distance_tables
+
+    def spy(*args):
+        bands.append(args[7])
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_distance_tables", spy)
+    return bands
+
+
+@pytest.mark.parametrize("band", [16, 32])
+@pytest.mark.parametrize("name", BANDED_GRID)
+def test_banded_distance_tables_match_eager_float32(monkeypatch, name, band):
+    """The distance tables in bands of 16 and 32 rows (one or two of the interpreter's 16-row tiles per band),
+    each band holding only the distances its rows reach: forward and backward against eager, outputs and every
+    gradient; both directions read the layout `_distance_layout` chose, bands in every case at 16 rows."""
+    c = BANDED_GRID[name]
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, band)
+    _compare(c, torch.float32, DEVICE)
+    tiles = [
+        triton_backend.tiles_for(torch.device(DEVICE), c.dim, name) for name in triton_backend.KERNEL_NAMES
+    ]
+    chosen = triton_backend._distance_layout(c.rel.saturation, c.n, c.n, tiles, False, c.dim, c.batch)[0]
+    assert bands == [chosen] * 2 and (chosen == band or band > 16), bands
+
+
+@pytest.mark.parametrize("name", ["wide_padding", "wide_packed_causal", "wide_d64_heads2"])
+def test_banded_distance_tables_match_eager_bfloat16(monkeypatch, name):
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, 16)
+    _compare(BANDED_GRID[name], torch.bfloat16, DEVICE)
+    assert bands == [16, 16], bands
+
+
+def test_banded_distance_tables_with_dropout(monkeypatch):
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, 16)
+    _compare_with_dropout(monkeypatch, BANDED_GRID["wide_padding"], torch.float32, DEVICE, 0.3)
+    assert bands == [16, 16], bands
+
+
+def test_distance_tables_in_one_band_where_tiles_are_far_or_sides_differ(monkeypatch):
+    """Bands only where no tile is far and queries and keys are one length: a saturating input and a cross
+    call keep one band (and still match eager)."""
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, 16)
+    for name in ("n70_saturating", "cross_nq_lt_nk"):
+        _compare(GRID[name], torch.float32, DEVICE)
+    assert bands == [0] * 4, bands
+
+
+def test_distance_layout_bands_only_where_the_tables_shrink():
+    """`_distance_layout`: bands of the longest tile side's rows. At v3's saturation (512) and N = 512, 64-row
+    bands (the head-dim-64 GPU tiles) make rows of 577 cells against 1025, 128-row bands 641; none where a tile
+    may be far, where the sides differ, where fewer than two bands would fill the rows, or where the banded
+    table and the copy of q / k into band order would move more than one band (batch 1 copies nothing)."""
+
+    def layout(sat, nq, nk, tiles, far, head_dim=64, batch=2):
+        return triton_backend._distance_layout(sat, nq, nk, tiles, far, head_dim, batch)
+
+    small = [triton_backend.Tiles(64, 32, 4, 2)] * 3  # span 96, band 64
+    large = [triton_backend.Tiles(128, 64, 8, 2), triton_backend.Tiles(32, 128, 8, 2)]  # span 192, band 128
+    assert layout(512, 512, 512, small, False) == (64, 8, 577)
+    assert layout(512, 512, 512, large, False) == (128, 4, 641)
+    assert layout(512, 512, 512, large, True) == (0, 1, 1025)  # far tiles: one band
+    assert layout(512, 512, 256, small, False)[0] == 0  # cross
+    assert layout(512, 129, 129, large, False)[0] == 0  # 256 rows padded for 129, one of 144: larger
+    assert layout(512, 100, 100, large, False) == (
+        0,
+        1,
+        2 * 112 + 1,
+    )  # one band of 128 rows would be one band
+    assert layout(512, 200, 200, small, False) == (0, 1, 417)  # 256 rows of 321 + 128 against 208 of 417
+    assert layout(512, 200, 200, small, False, batch=1) == (64, 4, 321)  # no copy
+    assert layout(512, 128, 128, small, False)[0] == 0  # 128 rows of 193 + 128 against 257
+    assert layout(512, 256, 256, small, False) == (64, 4, 321)  # 256 rows of 321 + 128 against 513
+    band, bands, cells = layout(512, 1000, 1000, large, False)
+    assert (band, bands, cells) == (128, 8, 1024 + 128 + 1)
+    assert 1024 * cells < triton_backend._padded_rows(1000) * layout(512, 1000, 1000, large, True)[2]
+
+
+def test_banded_distance_tables_hold_each_pairs_terms():
+    """`_distance_tables` in bands: ROW's row r of band b holds pair (b·band + r, j)'s c2p at cell band + j - r
+    for every key j, COL's row r of band b pair (i, b·band + r)'s p2c at cell band + i - r, each eager's term
+    times log2(e) (scale included), laid out (H, bands, B, band, cells); the padding rows past N are zeros, and
+    `_distance_slack` zeros lie after the table and before it."""
+    from debertakit.attention.eager import score_components
+
+    c = Case(n=40, batch=2, heads=2, dim=16, rel=WIDE)
+    B, H, N, band = c.batch, c.heads, c.n, 16
+    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, torch.float32, DEVICE))
+    scale = 0.3
+    parts = score_components(q, k, pos_q, pos_k, c.rel, Geometry(), scale=scale, terms=c.terms)
+    sat = c.rel.saturation
+    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], DEVICE)
+    rows = 48
+    cells = rows + band + 1
+    index = triton_backend._distance_cells(lut, sat, band, rows // band, cells)
+    assert index.shape == (2, rows // band, cells)
+    row, col = triton_backend._distance_tables(
+        triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], index,
+        scale * triton_backend.LOG2E, (B, N, N), band,
+    )  # fmt: skip
+    slack = triton_backend._distance_slack(cells, N, N, band)
+    size = H * B * rows * cells
+    assert slack >= cells and row.numel() == size + slack and bool((row[size:] == 0).all())
+    before = torch.as_strided(row, (slack,), (1,), row.storage_offset() - slack)  # the zeros before the table
+    assert row.storage_offset() == slack and bool((before == 0).all())
+    i, j = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
+    i, j = i.flatten(), j.flatten()
+    for name, table, own, other in (("c2p", row, i, j), ("p2c", col, j, i)):
+        laid = table[:size].view(H, rows // band, B, band, cells)
+        for b in range(B):
+            for h in range(H):
+                got = laid[h, own // band, b, own % band, band + other - own % band]
+                want = parts[name][b, h][i, j] * triton_backend.LOG2E
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        padding = laid.permute(0, 2, 1, 3, 4).reshape(H, B, rows, cells)[:, :, N:]
+        assert bool((padding == 0).all()), name
 
 
 def test_distance_tables_only_where_they_apply(monkeypatch):
@@ -1436,6 +1584,35 @@ def test_distance_tables_match_eager_gpu(monkeypatch, name, dtype):
     reaches = _distance_reaches(monkeypatch)
     _compare(GPU_GRID[name], dtype, "cuda")
     assert len(reaches) == 2, reaches
+
+
+# v3 inputs no longer than the saturation (512): no tile is far, the distance tables come in bands of the
+# longest tile side (64 rows at head dim 64, 128 at 128)
+GPU_BANDED_GRID = {
+    "v3_n512_d64": Case(n=512, batch=4, heads=2, dim=64, rel=V3),
+    "v3_padding_n480": Case(n=480, batch=3, heads=2, dim=64, rel=V3, key_lengths=(480, 200, 1)),
+    "v3_packed_causal_n500": Case(n=500, heads=2, dim=64, rel=V3, cu_seqlens=(0, 100, 420, 500), causal=True),
+    "v3_d128_n500": Case(n=500, heads=2, dim=128, rel=V3),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no_dropout", "dropout"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(GPU_BANDED_GRID))
+def test_banded_distance_tables_match_eager_gpu(monkeypatch, name, dtype, dropout):
+    """The banded distance tables at real sizes and the GPU's tiles, against eager (with dropout: times the
+    kernels' mask); both directions read bands."""
+    c = GPU_BANDED_GRID[name]
+    _near_band(monkeypatch, "distance")
+    bands = []
+    real = triton_backend._distance_tables
+    monkeypatch.setattr(triton_backend, "_distance_tables", lambda *a: bands.append(a[7]) or real(*a))
+    if dropout:
+        _compare_with_dropout(monkeypatch, c, dtype, "cuda", dropout)
+    else:
+        _compare(c, dtype, "cuda")
+    assert len(bands) == 2 and bands[0] == bands[1] > 0, bands
 
 
 @pytest.mark.gpu
