@@ -349,10 +349,10 @@ def _distance_tables(
     ``ROW[i, reach + (j - i)] = alpha · q_i · Kr[idx(i, j)]``, ``COL[j, reach + (i - j)] = alpha · k_j ·
     Qr[idx(i, j)]``, (H, B·N', 2·reach + 1) per head; with bands (H, bands, B, band, cells), ROW's row r of band
     b holding pair (b·band + r, j) at cell band + j - r, COL's likewise. In q's dtype, N' the padded rows
-    (`_band_rows`), for ``shape`` = (B, Nq, Nk), each flat, after `_distance_lead` and followed by
-    `_distance_slack` zeros (`_distance_rows` views one band's products). Each is one matmul per band against
-    the table rows its ``cells`` index (`_distance_cells`), ``alpha`` = scale · log2(e): the kernels add the
-    cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
+    (`_distance_padded_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by `_distance_slack` zeros
+    (with bands, preceded by as many: `_band_product`; `_distance_rows` views one band's products). Each is one
+    matmul per band against the table rows its ``cells`` index (`_distance_cells`), ``alpha`` = scale ·
+    log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
     dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
@@ -364,7 +364,7 @@ def _distance_tables(
     return row, col
 
 
-def _band_rows(n: int, band: int) -> int:
+def _distance_padded_rows(n: int, band: int) -> int:
     """A distance table's rows per (b, h) for ``n`` tokens: whole bands, or with one band a multiple of
     `DIST_ALIGN` (so that each (b, h)'s rows start aligned for the kernels' vector loads:
     `triton_kernels._table_offset`)."""
@@ -391,7 +391,7 @@ def _band_product(
     in the first band the left one lies before the table. With one band every row holds both."""
     H, d = heads.shape[0], heads.shape[2]
     bands, width = cells.shape
-    rows = _pad_rows(heads, batch, n, _band_rows(n, band))
+    rows = _pad_rows(heads, batch, n, _distance_padded_rows(n, band))
     a = rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
     b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
     return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)[slack if band else 0 :]
@@ -401,7 +401,11 @@ def _distance_slack(cells: int, nq: int, nk: int, band: int = 0) -> int:
     """Zeros after a distance table's last (b, h): what a tile whose rows or columns run past the end reads
     beyond it, at most `FAR_PAD` (the largest tile side) rows of ``cells`` and the other side's padded length
     (`triton_kernels._distance_terms`)."""
-    return (FAR_PAD + 1) * cells + max(_band_rows(nq, band), _band_rows(nk, band)) + FAR_PAD
+    return (
+        (FAR_PAD + 1) * cells
+        + max(_distance_padded_rows(nq, band), _distance_padded_rows(nk, band))
+        + FAR_PAD
+    )
 
 
 def _distance_rows(flat: Tensor, heads: int, batch: int, n: int, cells: int) -> Tensor:
@@ -1118,7 +1122,7 @@ def triton_attention(
     tokens = max(NQ, NK)
     row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
     if cells is not None:  # the distance tables: padded rows of R + 1 cells
-        tokens = _band_rows(tokens, band)
+        tokens = _distance_padded_rows(tokens, band)
         row_stride = max(row_stride, cells.shape[2])
     if tokens * row_stride >= 2**31:
         raise ValueError(
