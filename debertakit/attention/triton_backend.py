@@ -74,10 +74,11 @@ def check_interpreter(triton_version: str, numpy_version: str) -> None:
 def round_bfloat16_to_nearest_in_interpreter() -> None:
     """Make Triton's interpreter round float32 to bfloat16 to nearest even, as the GPU does (``cvt.rn``, the
     default of ``tensor.to`` and of a store). The interpreter truncates instead, toward zero: its ``cast_impl``
-    converts that pair of types with no rounding mode (Triton 3.6 to 3.9), so every 16-bit rounding the kernels
-    do (probabilities before P·V, score gradients, the outputs) erred by up to one bfloat16 step under the
-    interpreter, twice the GPU's half step, and the interpreted results were further from `eager` than the GPU's.
-    Other conversions are left to the interpreter (float16 rounds to nearest there already). Idempotent."""
+    converts that pair of types with no rounding mode (Triton 3.6 and 3.9, the releases checked), so every 16-bit
+    rounding the kernels do (probabilities before P·V, score gradients, the outputs) erred by up to one bfloat16
+    step under the interpreter, twice the GPU's half step, and the interpreted results were further from `eager`
+    than the GPU's. Other conversions are left to the interpreter (float16 rounds to nearest there already). The
+    patch is the process's: every kernel it interprets rounds so. Idempotent."""
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
