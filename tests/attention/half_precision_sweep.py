@@ -32,12 +32,6 @@ from debertakit.attention import eager_attention, triton_backend  # noqa: E402
 NAMES = ("out", "dq", "dk", "dv", "dpos_q", "dpos_k")
 
 
-def errors(seed: int, dtype: torch.dtype) -> tuple[str, dict[str, float]]:
-    """The road of random case ``seed`` and the relative error of each of its results in ``dtype``."""
-    c, road, tiles = T._random_case(seed)
-    return road, case_errors(c, road, tiles, dtype)
-
-
 def case_errors(c: T.Case, road: str, tiles: dict, dtype: torch.dtype) -> dict[str, float]:
     """The relative error of each result of case ``c`` in ``dtype`` on ``road`` with ``tiles``; for the position
     tables also of their two saturated rows (``dpos_k[left]`` …), each against that row's largest value."""
@@ -58,6 +52,12 @@ def case_errors(c: T.Case, road: str, tiles: dict, dtype: torch.dtype) -> dict[s
             for side, row in (("left", 0), ("right", -1)):
                 out[f"{name}[{side}]"] = _relative(a[:, row], b[:, row])
     return out
+
+
+def _keep_worst(worst: dict, key, err: float, where) -> None:
+    """``worst[key]`` = (largest error so far, where it was)."""
+    if err > worst.get(key, (-1.0,))[0]:
+        worst[key] = (err, where)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -86,8 +86,8 @@ def grid(dtype: torch.dtype) -> None:
     worst: dict[str, tuple[float, str]] = {}
     for name, c in T.GRID.items():
         for result, err in case_errors(c, "tables", {}, dtype).items():
-            if "[" not in result and err > worst.get(result, (-1.0,))[0]:
-                worst[result] = (err, name)
+            if "[" not in result:
+                _keep_worst(worst, result, err, name)
     for result, (err, name) in worst.items():
         print(f"{result}: {err:.4f} ({name})")
     print(f"largest: {max(worst.values())[0]:.4f}")
@@ -109,16 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         lengths(args.lengths, dtype, args.float32_o)
         return 0
     worst: dict[tuple[str, str], tuple[float, int]] = {}
-    saturated: dict[str, tuple[float, int]] = {}  # every pair saturated: absolute errors (see below)
+    saturated: dict[str, tuple[float, int]] = {}  # cases where every pair saturates (see below)
     for seed in range(args.seeds):
-        road, errs = errors(seed, dtype)
-        every_pair_saturated = _every_pair_saturates(T._random_case(seed)[0])
-        for name, err in errs.items():
+        c, road, tiles = T._random_case(seed)
+        every_pair_saturated = _every_pair_saturates(c)
+        for name, err in case_errors(c, road, tiles, dtype).items():
             if every_pair_saturated:
-                if err > saturated.get(name, (-1.0,))[0]:
-                    saturated[name] = (err, seed)
-            elif err > worst.get((name, road), (-1.0,))[0]:
-                worst[(name, road)] = (err, seed)
+                _keep_worst(saturated, name, err, seed)
+            else:
+                _keep_worst(worst, (name, road), err, seed)
     roads = triton_backend.NEAR_BAND_MODES
     print(f"{args.dtype}, {args.seeds} random cases: largest error / largest |value| (seed)")
     print("| result | " + " | ".join(roads) + " |")

@@ -964,6 +964,9 @@ RANDOM_TERMS = (
 )
 RANDOM_CASES = 24  # in the default run (about half a minute in the interpreter)
 RANDOM_SLOW_CASES = 400  # `pytest -m slow`
+# with dropout 0.3: in the default run, and with `pytest -m slow`
+RANDOM_DROPOUT_CASES = 8
+RANDOM_SLOW_DROPOUT_CASES = 150
 
 
 def _random_case(seed: int) -> tuple[Case, str, dict[str, Tiles]]:
@@ -994,11 +997,6 @@ def _random_case(seed: int) -> tuple[Case, str, dict[str, Tiles]]:
         if rng.random() < 0.5
     }
     return Case(**kw), road, tiles if DEVICE == "cpu" else {}
-
-
-# with dropout 0.3: in the default run, and with `pytest -m slow`
-RANDOM_DROPOUT_CASES = 8
-RANDOM_SLOW_DROPOUT_CASES = 150
 
 
 def _compare_random(monkeypatch, seed: int, dropout: float = 0.0) -> None:
