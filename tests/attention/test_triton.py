@@ -1805,11 +1805,15 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     finally:
         triton_backend.tiles_for = real
     rows = json.loads(out.read_text())["rows"]
-    assert [r["impl"] for r in rows] == ["triton 32x16 w4 s1", "triton 16x32 w4 s1"]
+    plain = "triton (no position terms)"
+    assert [r["impl"] for r in rows] == [
+        "triton 32x16 w4 s1", f"{plain} 32x16 w4 s1", "triton 16x32 w4 s1", f"{plain} 16x32 w4 s1"
+    ]  # fmt: skip
     assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows)
     # the swept shapes, and the default (16x16 off CUDA) that each row's output is checked against
     assert {(t.block_m, t.block_n) for t in seen} == {(32, 16), (16, 32), (16, 16)}
-    assert all(r["max_diff_vs_triton"] < 2e-2 for r in rows)
+    assert all(r["max_diff_vs_triton"] < 2e-2 for r in rows[::2])
+    assert all(r["max_diff_vs_sdpa"] < 2e-2 for r in rows[1::2])  # the plain rows: sdpa's function
     assert not triton_backend.TILE_OVERRIDES  # restored
     with pytest.raises(SystemExit, match="bad tile spec"):
         bench.parse_tiles("64x32")
@@ -1837,14 +1841,19 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
     args += ["--tile-kernels", "_dq_kernel", "--near-band", "skew", "--out", str(out)]
     assert bench.main(args) == 0
     result = json.loads(out.read_text())
-    assert [r["impl"] for r in result["rows"]] == ["triton 32x16 w4 s1 skew (_dq_kernel)"]
+    assert [r["impl"] for r in result["rows"]] == [
+        "triton 32x16 w4 s1 skew (_dq_kernel)", "triton (no position terms) 32x16 w4 s1 skew (_dq_kernel)"
+    ]  # fmt: skip
     assert result["units"] == ["tiles 32x16w4s1 skew (_dq_kernel) N=16"]
     swept = {(kernel, skew, (t.block_m, t.block_n)) for kernel, skew, t in seen}
     # the skewed road in both directions; the swept shape for the dQ kernel only (the default 16x16 off CUDA)
     assert ("_dq_kernel", True, (32, 16)) in swept and ("_dkv_kernel", True, (16, 16)) in swept
     assert ("_fwd_kernel", True, (16, 16)) in swept
     assert not any(kernel != "_dq_kernel" and shape == (32, 16) for kernel, _, shape in swept)
-    assert not any(skew is False for _, skew, _ in swept)
+    # the triton row wholly on the skewed road, then the plain row, which has no near band, at the swept shape
+    split = next(i for i, (_, skew, _) in enumerate(seen) if not skew)
+    assert all(skew for _, skew, _ in seen[:split]) and not any(skew for _, skew, _ in seen[split:])
+    assert ("_dq_kernel", False, (32, 16)) in swept
     assert triton_backend.NEAR_BAND == "tables" and not triton_backend.TILE_OVERRIDES  # restored
 
 
@@ -1913,7 +1922,7 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     _fake_flashdeberta(monkeypatch, swap_tables)
     args = bench.parse_args(["--smoke"])
     args.tokens, args.heads, args.head_dim = 40, 2, 16
-    only = ("triton", "eager", "flashdeberta", "sdpa (no position terms)")
+    only = ("triton", "eager", "flashdeberta", "sdpa (no position terms)", bench.PLAIN_ROW)
     rows = {r["impl"]: r for r in bench._attention_rows(args, 40, "cpu", torch.float32, only=only)}
     assert set(rows) == set(only)
     assert rows["triton"]["max_diff_vs_triton"] == 0.0 and rows["eager"]["max_diff_vs_triton"] < 1e-5
@@ -1921,6 +1930,14 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     assert (rows["flashdeberta"]["max_diff_vs_triton"] > 2e-2) == swap_tables
     flagged = [v for v in bench.verdicts(list(rows.values())) if "output differs from triton's" in v]
     assert [v.split()[0] for v in flagged] == (["flashdeberta"] if swap_tables else [])
+    # our kernels without position terms compute sdpa's function, and are checked against it
+    plain = rows[bench.PLAIN_ROW]
+    assert "max_diff_vs_triton" not in plain and plain["max_diff_vs_sdpa"] < 1e-5
+    assert plain["max_diff_vs_sdpa"] < rows["triton"].get(
+        "max_diff_vs_sdpa", 1.0
+    )  # (triton is not checked so)
+    off = {**plain, "max_diff_vs_sdpa": 0.5}
+    assert any("output differs from sdpa's" in v for v in bench.verdicts([off]))
 
 
 def test_gpu_benchmark_starts_each_length_with_an_empty_compile_cache(monkeypatch):
@@ -2135,7 +2152,8 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     rows = result["rows"]
     impls = {r["impl"] for r in rows if r["section"] == "attention"}
     assert {"triton", "triton skew-forward", "triton skew", "eager", "sdpa (no position terms)"} <= impls
-    timed = ("triton", "triton skew-forward", "triton skew", "eager")
+    assert "triton (no position terms)" in impls
+    timed = ("triton", "triton skew-forward", "triton skew", "eager", "triton (no position terms)")
     assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows if r["impl"] in timed)
     long = [r for r in rows if r["section"] == "long" and r["impl"] == "triton"]
     assert [r["batch"] for r in long] == [1, 1] and "peak_per_token_vs_shortest" not in long[0]
