@@ -78,6 +78,7 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.flops = {"fp32": 0, "16-bit": 0}
         self.bytes = 0
+        self.launch_bytes: list[int] = []  # per launch, in order
         self.launches: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -94,7 +95,8 @@ class Recorder(TorchDispatchMode):
             operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
             self.flops[operand] += _matmul_flops(name, args)
         reads = 0 if name in FILLS else sum(_nbytes(t) for t in ins)
-        self.bytes += reads + sum(_nbytes(t) for t in outs)
+        self.launch_bytes.append(reads + sum(_nbytes(t) for t in outs))
+        self.bytes += self.launch_bytes[-1]
         return out
 
 
@@ -157,6 +159,7 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
             fp32_flops=rec.flops["fp32"],
             half_flops=rec.flops["16-bit"],
             bytes=rec.bytes,
+            launch_bytes=rec.launch_bytes,
             launches=dict(rec.launches),
         )
     return row

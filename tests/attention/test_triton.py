@@ -17,6 +17,7 @@ they store for the position tables), which `eager` (all float32) does not; one b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import random
 import sys
@@ -2247,6 +2248,65 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     # the skewed kernels build no N×R table: less to move than the tables' road, in their direction only
     assert moved["skew", "forward"] == moved["skew-forward", "forward"] < moved["tables", "forward"]
     assert moved["skew", "backward"] < moved["skew-forward", "backward"] == moved["tables", "backward"]
+
+
+def test_bounds_count_the_table_cells_and_near_tiles_of_the_pairs():
+    """`benchmarks/triton_bounds.py` counts the table sectors a (b, h)'s near pairs read and the near tiles per
+    row; here the same counts straight from the pairs, at v3's buckets scaled down (log buckets from 16, no
+    saturation inside the input for one length, saturating for the other)."""
+    import math
+
+    bounds = _benchmark_module("triton_bounds")
+    rel = RelativeIndex(span=16, bucket_size=16, max_position=32)
+    lut = rel.lut.tolist()
+    for n in (40, 100):
+        sat = min(rel.saturation, n)
+        pairs = [(i, j) for i in range(n) for j in range(n) if abs(i - j) < sat]
+        first = min(lut[rel.saturation - sat : rel.saturation + sat + 1])
+        cell = {(i, j): lut[i - j + rel.saturation] - first for i, j in pairs}
+        rows = {(i, cell[i, j] * 4 // 32) for i, j in pairs}  # float32 cells, 32-byte sectors
+        cols = {(j, cell[i, j] * 4 // 32) for i, j in pairs}
+        assert len(rows) == len(cols)  # at distance i - j the two sides read one pattern
+        assert bounds.table_cells_bytes("tables", n, rel) == (len(rows) + len(cols)) * 32
+        per_row = [sum(abs(i - j) < sat for j in range(n)) for i in range(n)]  # bfloat16, by distance
+        assert (
+            bounds.table_cells_bytes("distance", n, rel)
+            == 2 * sum(math.ceil(c * 2 / 32) for c in per_row) * 32
+        )
+        assert bounds.table_cells_bytes("skew", n, rel) == 0
+    for n, sat, bm, bn in itertools.product((40, 100), (1, 16, 17, 33), (16, 32), (16, 32)):
+        near = sum(  # a tile's pairs over its whole block extents, as the kernels' test bounds them
+            any(abs(i - j) < sat for i in range(m, m + bm) for j in range(k, k + bn))
+            for m in range(0, n, bm)
+            for k in range(0, n, bn)
+        )
+        assert bounds._near_tiles(n, sat, bm, bn) == near, (n, sat, bm, bn)
+
+
+def test_bounds_cap_what_the_roads_can_reach(tmp_path):
+    """The caps fall as bytes grow and rise with bandwidth; a launch that fits twice in L2 counts no bytes; the
+    script writes one row per GPU, length and road, and refuses a length that does not divide the tokens."""
+    import json
+
+    bounds = _benchmark_module("triton_bounds")
+    gpu = bounds.GPUS["h100"]
+    assert bounds._memory_bytes(2 * gpu.l2, gpu) == 0 and bounds._memory_bytes(2 * gpu.l2 + 7, gpu) == 7
+    out = tmp_path / "bounds.json"
+    assert bounds.main(["--lengths", "64", "128", "--tokens", "256", "--heads", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 4 and (tmp_path / "bounds.md").exists()
+    caps = {(r["gpu"][:4], r["n"], r["road"]): r for r in rows}
+    for (name, n, road), r in caps.items():
+        assert r["forward_ms"] >= r["forward_host_ms"] >= 0 and r["backward_ms"] >= r["backward_host_ms"] >= 0
+        assert r["forward_tflops_cap"] > 0 and r["fwd_bwd_tflops_cap"] > 0
+        if name == "H100":  # more bandwidth, same peak: never a lower cap
+            assert caps["H200", n, road]["forward_tflops_cap"] >= r["forward_tflops_cap"]
+    # a road's cap with its bytes doubled is lower, unless the tensor cores bound it
+    wide = bounds.Gpu("narrow", gpu.bandwidth / 100, gpu.peak, 0)
+    narrow = bounds.bound("tables", 128, wide, 1024, 2, 64)
+    assert narrow["forward_tflops_cap"] < bounds.bound("tables", 128, gpu, 1024, 2, 64)["forward_tflops_cap"]
+    with pytest.raises(SystemExit, match="--lengths 100: expected a positive divisor of --tokens 256"):
+        bounds.main(["--lengths", "100", "--tokens", "256", "--out", str(out)])
 
 
 def test_absent_arguments_launch_nothing(monkeypatch):
