@@ -7,9 +7,9 @@ its bytes over the GPU's memory bandwidth, nor less than its matrix-product FLOP
 
     time >= max(host bytes / bandwidth, host FLOPs / peak) + Σ over kernels max(bytes / bandwidth, FLOPs / peak)
 
-(a launch's bytes less what L2 may hold, below)
-and the attention FLOPs of the benchmark's convention (4·N²·d per head forward, 3.5× that forward+backward)
-over that time bound the TFLOP/s any implementation of that road's data flow can show. The kernels' bytes
+with each launch's bytes less what L2 may hold (below). The attention FLOPs of the benchmark's convention
+(4·N²·d per head forward, 3.5× that forward+backward) over that time cap the TFLOP/s any implementation of
+that road's data flow can show. The kernels' bytes
 counted here are the least they must move between memory and the chip, at the GPU benchmark's shapes
 (v3-base positions, 12 heads, d 64, batch·N = 16384, bfloat16, distance i - j):
 
