@@ -206,11 +206,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    triton_host_cost.add_shape_arguments(p, [512, 2048, 8192])
     p.add_argument("--gpus", nargs="+", default=list(GPUS), choices=list(GPUS))
-    p.add_argument("--tokens", type=int, default=16384, help="batch · N (the GPU benchmark's shape)")
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--dim", type=int, default=64)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_bounds.json")
     args = p.parse_args(argv)
     for n in args.lengths:

@@ -183,12 +183,17 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048, 8192])
+def add_shape_arguments(p: argparse.ArgumentParser, lengths: list[int]) -> None:
+    """The attention shapes counted: the GPU benchmark's by default (batch · N tokens, heads, head dim)."""
+    p.add_argument("--lengths", type=int, nargs="+", default=lengths)
     p.add_argument("--tokens", type=int, default=16384, help="batch · N (the GPU benchmark's shape)")
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--dim", type=int, default=64)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_arguments(p, [128, 512, 2048, 8192])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_host_cost.json")
     args = p.parse_args(argv)
     modes = triton_backend.NEAR_BAND_MODES
