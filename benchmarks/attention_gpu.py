@@ -31,20 +31,21 @@ Sections (all bfloat16 on one CUDA device):
    (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``). Then
    ``forward batch 1``: one sequence of ``--latency-length`` (128) tokens, the latency of serving one request
    (reranking, NER), where the host's work per layer, not the GPU's, sets the time.
-   ``long``: batch 1 at N = 16384, 32768, 65536 (both ``triton`` rows and the sdpa ceiling): it must run, and
-   its peak memory per token is reported relative to the shortest length (about 1 when memory is linear in N).
+   ``long``: batch 1 at N = 16384, 32768, 65536 (the ``triton`` rows, the plain one, and the sdpa ceiling): it
+   must run, and its peak memory per token is reported relative to the shortest length (about 1 when memory is
+   linear in N).
    ``dropout``: the ``attention`` rows in training with dropout ``--dropout`` (0.1, the released models'
    value) on the probabilities, for the backends that have it (``triton`` draws the mask inside its kernels)
    and ``scaled_dot_product_attention`` with the same dropout.
    ``tiles`` (not run by default): the ``triton`` row of ``attention`` again for each tile shape of ``--tiles``
    (``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), with its ``triton (no position terms)`` row at the same
-   tiles, to tune `triton_backend.GPU_TILES` by timing; candidates
-   come from ``benchmarks/triton_static.py`` (those that compile without spills). The shape is given to the
+   tiles, to tune `triton_backend.GPU_TILES` by timing; candidates come from ``benchmarks/triton_static.py``
+   (those that compile without spills). The shape is given to the
    kernels of ``--tile-kernels`` (all three by default; one kernel alone, the others keep their tiles, times
    that kernel's choice: the forward's in the forward column, a backward kernel's in forward+backward) on the
    near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`).
-   ``profile`` (not run by default): the three ``triton`` rows of ``attention`` with their GPU time split by
-   kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work around them
+   ``profile`` (not run by default): the ``triton`` rows of ``attention`` (the plain one too) with their GPU
+   time split by kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work around them
    (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows named.
    ``folds`` (not run by default): the backward's four fold products alone, at the distance buffers' padded
    row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
@@ -414,7 +415,7 @@ def long_section(args, device: str, dtype) -> Iterator[Unit]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
-            only = (*TRITON_ROWS, "sdpa (no position terms)")
+            only = (*TRITON_ROWS, PLAIN_ROW, "sdpa (no position terms)")
             return [{**r, "section": "long"} for r in _attention_rows(args, n, device, dtype, only=only)]
         finally:
             args.tokens = saved
@@ -522,11 +523,13 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
 
 
 def profile_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The `triton` rows of ``attention`` (each near-band road) with their GPU time split by kernel: how much
-    is the fused kernels and how much the work around them (the N×R tables, FAR, copies)."""
+    """The `triton` rows of ``attention`` (each near-band road, and the kernels without position terms) with
+    their GPU time split by kernel: how much is the fused kernels and how much the work around them (the N×R
+    tables, FAR, copies)."""
 
     def measure(n: int) -> list[dict]:
-        rows = _attention_rows(args, n, device, dtype, only=TRITON_ROWS, timer=profile_kernels)
+        only = (*TRITON_ROWS, PLAIN_ROW)  # the plain row: the kernels' loop alone, without the work around it
+        rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)
         return [{**r, "section": "profile"} for r in rows]
 
     for n in args.lengths:

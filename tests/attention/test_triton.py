@@ -2164,8 +2164,8 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
-    """``--sections profile``: each road's `triton` row with its time split by kernel (summing to the row's
-    time); ``--impls`` keeps only the named rows of ``attention``."""
+    """``--sections profile``: each road's `triton` row, and the kernels without position terms, with its time
+    split by kernel (summing to the row's time); ``--impls`` keeps only the named rows of ``attention``."""
     import json
 
     out = tmp_path / "profile.json"
@@ -2179,6 +2179,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton distance",
         "triton skew-forward",
         "triton skew",
+        "triton (no position terms)",
     ]
     for r in profiled:
         for prefix in ("fwd", "fwd_bwd"):
