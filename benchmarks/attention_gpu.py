@@ -40,13 +40,14 @@ Sections (all bfloat16 on one CUDA device):
    ``tiles`` (not run by default): the ``triton`` row of ``attention`` again for each tile shape of ``--tiles``
    (``BLOCK_MxBLOCK_N`` ``w`` warps ``s`` stages), with its ``triton (no position terms)`` row at the same
    tiles, to tune `triton_backend.GPU_TILES` by timing; candidates come from ``benchmarks/triton_static.py``
-   (those that compile without spills). The shape is given to the
-   kernels of ``--tile-kernels`` (all three by default; one kernel alone, the others keep their tiles, times
+   (those that compile without spills). The shape is given to the kernels of ``--tile-kernels`` (all three
+   by default; one kernel alone, the others keep their tiles, times
    that kernel's choice: the forward's in the forward column, a backward kernel's in forward+backward) on the
    near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`).
    ``profile`` (not run by default): the ``triton`` rows of ``attention`` (the plain one too) with their GPU
-   time split by kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work around them
-   (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows named.
+   time split by kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work
+   around them (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows
+   named.
    ``folds`` (not run by default): the backward's four fold products alone, at the distance buffers' padded
    row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
    ``latency`` (not run by default): the ``model`` section's batch-1 forward under `torch.profiler`, for our
@@ -323,9 +324,8 @@ def _attention_rows(
     reference = plain_reference = None
     if "triton" in candidates and dropout_p == 0:
         reference = _forward(_with_backend_settings(candidates["triton"][0], TILE_OVERRIDES={}))
-    if (
-        PLAIN_ROW in candidates and dropout_p == 0
-    ):  # the plain row computes sdpa's function: checked against it
+    # the plain row computes sdpa's function: checked against it
+    if PLAIN_ROW in candidates and dropout_p == 0:
         plain_reference = _forward(sdpa[0])
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():

@@ -196,10 +196,11 @@ def table(rows: list[dict]) -> str:
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
+        both = round(r["forward_ms"] + r["backward_ms"], 4)
         lines.append(
             f"| {r['gpu'].split(' (')[0]} | {r['n']} | {r['road']} | {r['forward_ms']} ({r['forward_host_ms']}) "
             f"| {verdict(r['forward_tflops_cap'], r['forward_target'])} "
-            f"| {round(r['forward_ms'] + r['backward_ms'], 4)} | {verdict(r['fwd_bwd_tflops_cap'], r['fwd_bwd_target'])} |"
+            f"| {both} | {verdict(r['fwd_bwd_tflops_cap'], r['fwd_bwd_target'])} |"
         )
     return "\n".join(lines)
 
