@@ -12,7 +12,7 @@ Sections (all bfloat16 on one CUDA device):
    PyTorch's ``scaled_dot_product_attention`` on the same shapes without position terms (the ceiling),
    ``triton (no position terms)``, our kernels on the same shapes without position terms (the ceiling of their
    own loops and tiles: a far tile costs that plus one value per row and column; its distance to sdpa is the
-   kernels' loop, its distance to ``triton`` the position terms),
+   kernels' loop, its distance to ``triton`` the position terms; without dropout, so not in ``dropout``),
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
    runs the q/k/v and position projections: its time includes them). ``triton distance`` is ``triton`` with
    `triton_backend.NEAR_BAND` = "distance": the near band read from the N×R products laid out by distance (two
@@ -297,13 +297,12 @@ def _attention_rows(
     if "triton" in candidates:
         for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
+    if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
         triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
 
         def plain():  # the same kernels with no position terms: their loop's own ceiling at these tiles
             # at sdpa's scale (1 / sqrt(d): no position terms to share it with), so both compute one function
-            out, _ = triton_fn(
-                q, k, v, None, None, rel, Geometry(), scale=D**-0.5, terms=no_terms, dropout_p=dropout_p
-            )
+            out, _ = triton_fn(q, k, v, None, None, rel, Geometry(), scale=D**-0.5, terms=no_terms)
             return out
 
         candidates[PLAIN_ROW] = (plain, leaves[:3], grad)
@@ -324,8 +323,7 @@ def _attention_rows(
     reference = plain_reference = None
     if "triton" in candidates and dropout_p == 0:
         reference = _forward(_with_backend_settings(candidates["triton"][0], TILE_OVERRIDES={}))
-    # the plain row computes sdpa's function: checked against it
-    if PLAIN_ROW in candidates and dropout_p == 0:
+    if PLAIN_ROW in candidates:  # it computes sdpa's function: checked against it
         plain_reference = _forward(sdpa[0])
     rows = []
     for name, (fwd, ins, out_grad) in candidates.items():

@@ -1870,6 +1870,8 @@ def test_gpu_benchmark_dropout_section_rows(tmp_path):
     assert {"triton +dropout 0.2", "eager +dropout 0.2", "sdpa (no position terms) +dropout 0.2"} <= impls
     assert {"triton skew +dropout 0.2", "triton skew-forward +dropout 0.2"} <= impls  # both skewed roads
     assert not any(r["impl"].startswith("flex") for r in rows)  # flex has no dropout: not timed
+    # the plain row runs in the targets' setting only
+    assert not any(r["impl"].startswith("triton (no position terms)") for r in rows)
     assert all(r["section"] == "dropout" and "fwd_bwd_ms" in r for r in rows)
 
 
