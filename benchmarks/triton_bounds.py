@@ -9,9 +9,9 @@ its bytes over the GPU's memory bandwidth, nor less than its matrix-product FLOP
 
 with each launch's bytes less what L2 may hold (below). The attention FLOPs of the benchmark's convention
 (4·N²·d per head forward, 3.5× that forward+backward) over that time cap the TFLOP/s any implementation of
-that road's data flow can show. The kernels' bytes
-counted here are the least they must move between memory and the chip, at the GPU benchmark's shapes
-(v3-base positions, 12 heads, d 64, batch·N = 16384, bfloat16, distance i - j):
+that road's data flow can show. The kernels' bytes counted here are the least they must move between memory
+and the chip, at the GPU benchmark's shapes (v3-base positions, 12 heads, d 64, batch·N = 16384, bfloat16,
+distance i - j):
 
 - q, k, v read and the output and its log-sum-exp written; backward, the dQ kernel reads q, k, v, o, dO and
   writes dQ and DELTA, the dK/dV kernel reads q, k, v, dO, DELTA and writes dK, dV, and each writes its
@@ -150,10 +150,9 @@ def _memory_bytes(moved: int, gpu: Gpu) -> int:
 
 def bound(road: str, n: int, gpu: Gpu, tokens: int, heads: int, dim: int) -> dict:
     """The time bound of each phase and the TFLOP/s it caps (forward; forward+backward)."""
-    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base
-    batch = tokens // n
     host = triton_host_cost.measure(n, tokens, heads, dim, road)
-    kern = kernel_work(road, n, batch, heads, dim, rel)
+    batch = host["batch"]
+    kern = kernel_work(road, n, batch, heads, dim, triton_host_cost.V3_BASE)
     seconds = {}
     for phase in ("forward", "backward"):
         h, k = host[phase], kern[phase]
@@ -162,7 +161,8 @@ def bound(road: str, n: int, gpu: Gpu, tokens: int, heads: int, dim: int) -> dic
         kernel_s = sum(max(_memory_bytes(b, gpu) / gpu.bandwidth, f / gpu.peak) for b, f in k)
         seconds[phase] = host_s + kernel_s
         seconds[f"{phase}_host"] = host_s
-    flops = 4 * n * n * dim * heads * batch  # the benchmark's convention
+    flops = host["attention_fwd_flops"]  # the benchmark's convention, 4·N²·d per head and batch row
+    forward_target, fwd_bwd_target = targets(n)
     fwd_cap = flops / seconds["forward"] / 1e12
     fb_cap = 3.5 * flops / (seconds["forward"] + seconds["backward"]) / 1e12
     return dict(
@@ -176,8 +176,8 @@ def bound(road: str, n: int, gpu: Gpu, tokens: int, heads: int, dim: int) -> dic
         backward_host_ms=round(seconds["backward_host"] * 1e3, 4),
         forward_tflops_cap=round(fwd_cap, 1),
         fwd_bwd_tflops_cap=round(fb_cap, 1),
-        forward_target=targets(n)[0],
-        fwd_bwd_target=targets(n)[1],
+        forward_target=forward_target,
+        fwd_bwd_target=fwd_bwd_target,
         kernel_forward_gb=round(sum(b for b, _ in kern["forward"]) / 1e9, 3),
         kernel_backward_gb=round(sum(b for b, _ in kern["backward"]) / 1e9, 3),
     )

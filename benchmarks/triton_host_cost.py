@@ -52,6 +52,7 @@ from debertakit.attention.geometry import Geometry  # noqa: E402
 from debertakit.attention.relative import RelativeIndex, scale_for  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 
+V3_BASE = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base's positions
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory from the allocator, no kernel
@@ -122,7 +123,7 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``."""
     batch = tokens // n
-    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base
+    rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
     dev = "meta"
     # q, k, v as the projections produce them: (B, N, H, d) viewed as (B, H, N, d)
