@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(PY) -m debertakit demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto  # one worker per core (pytest-xdist)
 
 lint: $(STAMP)
 	$(PY) -m ruff check debertakit tests benchmarks
