@@ -2314,6 +2314,66 @@ def test_bounds_cap_what_the_roads_can_reach(tmp_path):
         bounds.main(["--lengths", "100", "--tokens", "256", "--out", str(out)])
 
 
+def test_gpu_plot_draws_the_measured_points_the_caps_of_that_gpu_and_the_targets(tmp_path):
+    """`benchmarks/plot_attention_gpu.py`: per panel a line per implementation through its measured points (a
+    failed measurement left out), each road's caps from the bounds of the results' GPU model only (H100 here,
+    not H200), timed or not, and the targets where the issue sets them."""
+    import json
+
+    plot = _benchmark_module("plot_attention_gpu")
+
+    def row(impl, n, fwd, fwd_bwd):
+        r = dict(section="attention", impl=impl, n=n, batch=16384 // n, heads=12, head_dim=64, fwd_tflops=fwd)
+        return r | (dict(fwd_bwd_tflops=fwd_bwd) if fwd_bwd else dict(fwd_bwd_error="out of memory"))
+
+    rows = [
+        row("triton", 2048, 30.0, 25.0),
+        row("triton", 512, 10.0, 8.0),
+        row("sdpa (no position terms)", 512, 300.0, 200.0),
+        row("sdpa (no position terms)", 2048, 400.0, 350.0),
+        row("eager", 512, 5.0, None),
+        dict(row("triton", 4096, 50.0, 40.0), section="tiles"),
+    ]
+    results = dict(environment=dict(device="NVIDIA H100 80GB HBM3", date="2026-11-25"), rows=rows)
+    bounds = dict(
+        gpus={"h100": dict(name="H100 SXM"), "h200": dict(name="H200 SXM")},
+        rows=[
+            dict(gpu="H100 SXM", road="tables", n=512, forward_tflops_cap=70.0, fwd_bwd_tflops_cap=50.0),
+            dict(gpu="H200 SXM", road="tables", n=512, forward_tflops_cap=99.0, fwd_bwd_tflops_cap=77.0),
+            dict(gpu="H100 SXM", road="distance", n=2048, forward_tflops_cap=180.0, fwd_bwd_tflops_cap=170.0),
+        ],
+    )
+
+    def lines(ax):
+        return {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in ax.lines}
+
+    forward, both = (lines(ax) for ax in plot.figure(results, bounds).axes)
+    assert forward["triton"] == [(512, 10.0), (2048, 30.0)]  # by N, the attention section's only
+    assert forward["eager"] == [(512, 5.0)] and "eager" not in both  # its forward+backward failed
+    assert forward["cap: tables"] == [(512, 70.0)] and both["cap: tables"] == [(512, 50.0)]
+    assert forward["cap: distance"] == [(2048, 180.0)]  # a road with no measured row
+    assert forward["target"] == [(512, 60), (2048, 100)] and both["target"] == [(2048, 75)]
+    assert forward["target: 40% of sdpa"] == [(2048, 160.0)]
+    results["environment"]["device"] = "NVIDIA A100-SXM4-80GB"  # a GPU the bounds do not know: no caps
+    assert not any(label.startswith("cap") for label in lines(plot.figure(results, bounds).axes[0]))
+
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "plot.png"
+    args = [
+        "--results",
+        str(tmp_path / "results.json"),
+        "--bounds",
+        str(tmp_path / "none.json"),
+        "--out",
+        str(out),
+    ]
+    assert plot.main(args) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "results.json").write_text(json.dumps(dict(results, rows=rows[-1:])))
+    with pytest.raises(ValueError, match="no 'fwd_tflops' in their attention section"):
+        plot.main(args)
+
+
 def test_absent_arguments_launch_nothing(monkeypatch):
     """A call without segments, key mask or dropout passes stand-ins for those kernel arguments: allocations,
     not filled tensors (each fill a GPU launch per call, in every layer). The forward then launches only the
