@@ -51,7 +51,8 @@ Sections (all bfloat16 on one CUDA device):
    ``folds`` (not run by default): the backward's four fold products alone, at the distance buffers' padded
    row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
    ``latency`` (not run by default): the ``model`` section's batch-1 forward under `torch.profiler`, for our
-   model with each backend and Hugging Face's: host time per operator, GPU kernels launched and their time.
+   model with each backend and Hugging Face's: host time per operator, GPU kernels launched and their time;
+   then under `cProfile`: host time per Python function (what lies between the operators).
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -866,6 +867,40 @@ def host_profile(fn: Callable[[], object], device: str) -> dict:
     }
 
 
+def python_profile(fn: Callable[[], object], count: int = 15) -> dict:
+    """The host's time per call by Python function (`cProfile`, over `PROFILE_CALLS` calls after a warm-up
+    call): ``python_ms``, the calls' wall time under the profiler, and ``python_funcs``, the ``count``
+    functions of most time spent in them alone (ms per call, largest first; ``file:line(name)``, builtins such
+    as ``torch.bmm`` by name, their time the host's share of the operator). `torch.profiler` sees operators
+    only; the time in between (the custom op's wrappers, the Triton launcher, the backend's own Python) shows
+    here."""
+    import cProfile
+    import pstats
+
+    def measure() -> dict:
+        fn()
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(PROFILE_CALLS):
+            fn()
+        profiler.disable()
+        wall = (time.perf_counter() - start) / PROFILE_CALLS
+        stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, tottime, ...)
+        own = sorted(((t[2], where) for where, t in stats.items()), reverse=True)[:count]
+        return {
+            "python_ms": round(wall * 1e3, 4),
+            "python_funcs": {_function_name(*where): round(t * 1e3 / PROFILE_CALLS, 4) for t, where in own},
+        }
+
+    return _or_error(measure)
+
+
+def _function_name(file: str, line: int, name: str) -> str:
+    """``name.py:line(function)``, or the builtin's name (cProfile files builtins under ``~``)."""
+    return name if file == "~" else f"{Path(file).name}:{line}({name})"
+
+
 def latency_section(args, device: str, dtype) -> Iterator[Unit]:
     """``latency`` (not run by default): the ``model`` section's batch-1 forward of ``--latency-length`` tokens
     under `torch.profiler`, for our model with each backend and Hugging Face's: host time per operator, GPU
@@ -885,6 +920,7 @@ def latency_section(args, device: str, dtype) -> Iterator[Unit]:
             "batch": 1,
         }
         row.update(host_profile(forward, device))
+        row.update(python_profile(forward))
         return [row]
 
     for name, build, _ in _models(args, device):
@@ -899,6 +935,8 @@ def print_latency(rows: list[dict]) -> None:
             continue
         gpu = "" if r["gpu_ms"] is None else f", GPU {r['gpu_ms']:.3f} ms in {r['launches']:.0f} kernels"
         print(f"{r['impl']:20s} host {r['host_ms']:.3f} ms{gpu}: {_top_kernels(r['host_ops'], 6, 40)}")
+        if "python_funcs" in r:
+            print(f"{'':20s} Python {r['python_ms']:.3f} ms: {_top_kernels(r['python_funcs'], 6, 50)}")
 
 
 def _tokens(r: dict, tokens: int) -> dict:

@@ -2212,6 +2212,12 @@ def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_
         assert r["section"] == "latency" and r["batch"] == 1 and r["gpu_ms"] is None
         assert r["host_ms"] >= max(r["host_ops"].values()) > 0
         assert any("addmm" in op or "linear" in op for op in r["host_ops"])  # the projections
+        assert r["python_ms"] >= sum(r["python_funcs"].values()) > 0
+        assert list(r["python_funcs"].values()) == sorted(r["python_funcs"].values(), reverse=True)
+        assert any("linear" in name for name in r["python_funcs"])  # torch's builtin, by its name
+    ours, hf = (list(r["python_funcs"]) for r in rows)  # each model's own Python among the largest
+    assert any(f.startswith(("layers.py", "eager.py")) for f in ours)
+    assert any(f.startswith("modeling_deberta_v2.py") for f in hf)
     assert "host time by operator" in capsys.readouterr().out
 
 
