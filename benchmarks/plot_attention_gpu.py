@@ -147,7 +147,7 @@ def figure(results: dict, bounds: dict | None):
     axes[0].set_ylabel("TFLOP/s (4·N²·d per head forward, 3.5× that forward+backward)")
     handles, labels = axes[-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right")
-    first = results["rows"][0]
+    first = next(r for r in results["rows"] if r["section"] == "attention")  # (the panels found one)
     fig.suptitle(
         f"{env.get('device', 'unknown GPU')}: attention layer, {first['heads']} heads, d {first['head_dim']} "
         f"({env.get('date', '')[:10]}; torch {env.get('torch')}, Triton {env.get('triton')})"

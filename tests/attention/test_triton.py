@@ -2333,6 +2333,7 @@ def test_gpu_plot_draws_the_measured_points_the_caps_of_that_gpu_and_the_targets
         return r | (dict(fwd_bwd_tflops=fwd_bwd) if fwd_bwd else dict(fwd_bwd_error="out of memory"))
 
     rows = [
+        dict(section="model", impl="ours/triton", mode="forward", n=512, batch=32, ms=1.0),
         row("triton", 2048, 30.0, 25.0),
         row("triton", 512, 10.0, 8.0),
         row("sdpa (no position terms)", 512, 300.0, 200.0),
