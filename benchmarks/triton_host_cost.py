@@ -13,8 +13,9 @@ distance tables), under a dispatch mode that records every operation:
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
-  nothing; a fill and an ``out=`` tensor are written only; a broadcast input counts its own elements). An
-  estimate of memory traffic, not a measurement of it;
+  nothing; a fill and an ``out=`` tensor are written only; a broadcast input counts its own elements; a
+  gather reads what it gathers, not its whole source: FAR's two end columns of an N×R table are 2 of its R
+  cells per row). An estimate of memory traffic, not a measurement of it;
 - operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
   of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
@@ -57,6 +58,7 @@ MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory from the allocator, no kernel
 FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full"}
+GATHERS = {"index", "index_select", "gather"}  # (source, indices...): read as many elements as they write
 
 
 def _matmul_flops(name: str, args) -> int:
@@ -95,8 +97,14 @@ class Recorder(TorchDispatchMode):
         if name in MATMULS:
             operand = "fp32" if ins[-1].dtype == torch.float32 else "16-bit"
             self.flops[operand] += _matmul_flops(name, args)
-        reads = 0 if name in FILLS else sum(_nbytes(t) for t in ins)
-        self.launch_bytes.append(reads + sum(_nbytes(t) for t in outs))
+        written = sum(_nbytes(t) for t in outs)
+        if name in FILLS:
+            reads = 0
+        elif name in GATHERS:  # the gathered elements (at most the source) and the indices
+            reads = min(_nbytes(ins[0]), written) + sum(_nbytes(t) for t in ins[1:])
+        else:
+            reads = sum(_nbytes(t) for t in ins)
+        self.launch_bytes.append(reads + written)
         self.bytes += self.launch_bytes[-1]
         return out
 
