@@ -111,39 +111,8 @@ def figure(results: dict, bounds: dict | None):
     env = results.get("environment", {})
     limits = caps(bounds or {}, env.get("device", ""))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 5.6), sharey=True)
-    for ax, (metric, title, cap_key, target_index) in zip(axes, PANELS):
-        lines = series(results["rows"], metric)
-        if not lines:
-            raise ValueError(f"the results hold no {metric!r} in their attention section: nothing to plot")
-        others = [
-            impl for impl in lines if road(impl) is None and impl not in (SDPA, attention_gpu.PLAIN_ROW)
-        ]
-        for impl, points in lines.items():
-            ax.plot(*zip(*points), label=impl, **_style(impl, others))
-        for name, rows in limits.items():  # every road's, timed or not: what it could reach
-            points = sorted((n, r[cap_key]) for n, r in rows.items())
-            ax.plot(
-                *zip(*points),
-                "v",
-                color=ROAD_COLOURS.get(name),
-                markersize=9,
-                alpha=0.6,
-                label=f"cap: {name}",
-            )
-        lengths = sorted({n for points in lines.values() for n, _ in points})
-        wanted = [(n, triton_bounds.targets(n)[target_index]) for n in lengths]
-        wanted = [(n, t) for n, t in wanted if t is not None]
-        if wanted:
-            ax.plot(*zip(*wanted), "_", color=TARGET_COLOUR, markersize=18, mew=2.5, label="target")
-        share = [(n, 0.4 * v) for n, v in lines.get(SDPA, []) if n >= 2048]
-        if share:
-            ax.plot(*zip(*share), ":", color=TARGET_COLOUR, label="target: 40% of sdpa")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.set_xlabel("N (batch·N fixed)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3, which="both")
+    for ax, panel in zip(axes, PANELS):
+        _panel(ax, results["rows"], limits, *panel)
     axes[0].set_ylabel("TFLOP/s (4·N²·d per head forward, 3.5× that forward+backward)")
     handles, labels = axes[-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right")
@@ -156,10 +125,43 @@ def figure(results: dict, bounds: dict | None):
     return fig
 
 
+def _panel(
+    ax, rows: list[dict], limits: dict, metric: str, title: str, cap_key: str, target_index: int
+) -> None:
+    """One panel: the measured lines, every road's caps (timed or not: what it could reach), the targets."""
+    lines = series(rows, metric)
+    if not lines:
+        raise ValueError(f"the results hold no {metric!r} in their attention section: nothing to plot")
+    others = [impl for impl in lines if road(impl) is None and impl not in (SDPA, attention_gpu.PLAIN_ROW)]
+    for impl, points in lines.items():
+        ax.plot(*zip(*points), label=impl, **_style(impl, others))
+    for name, by_n in limits.items():
+        points = sorted((n, r[cap_key]) for n, r in by_n.items())
+        ax.plot(
+            *zip(*points), "v", color=ROAD_COLOURS.get(name), markersize=9, alpha=0.6, label=f"cap: {name}"
+        )
+    lengths = sorted({n for points in lines.values() for n, _ in points})
+    wanted = [(n, triton_bounds.targets(n)[target_index]) for n in lengths]
+    wanted = [(n, t) for n, t in wanted if t is not None]
+    if wanted:
+        ax.plot(*zip(*wanted), "_", color=TARGET_COLOUR, markersize=18, mew=2.5, label="target")
+    share = [(n, 0.4 * v) for n, v in lines.get(SDPA, []) if n >= 2048]
+    if share:
+        ax.plot(*zip(*share), ":", color=TARGET_COLOUR, label="target: 40% of sdpa")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("N (batch·N fixed)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS / "attention_gpu.json")
-    p.add_argument("--bounds", type=Path, default=RESULTS / "triton_bounds.json", help="none: no caps")
+    p.add_argument(
+        "--bounds", type=Path, default=RESULTS / "triton_bounds.json", help="a missing file: no caps"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "attention_gpu.png")
     args = p.parse_args(argv)
     results = json.loads(args.results.read_text())
