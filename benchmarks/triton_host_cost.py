@@ -13,9 +13,9 @@ distance tables), under a dispatch mode that records every operation:
 
 - matmul FLOPs, split by operand dtype: ``fp32`` (CUDA cores) and ``16-bit`` (tensor cores);
 - bytes moved: each operation's tensor inputs read and outputs written once (views and allocations move
-  nothing; a fill and an ``out=`` tensor are written only; a broadcast input counts its own elements; a
-  gather reads what it gathers, not its whole source: FAR's two end columns of an N×R table are 2 of its R
-  cells per row). An estimate of memory traffic, not a measurement of it;
+  nothing; a fill, a copy's destination and an ``out=`` tensor are written only; a broadcast input counts its
+  own elements; a gather reads what it gathers, not its whole source: FAR's two end columns of an N×R table
+  are 2 of its R cells per row). An estimate of memory traffic, not a measurement of it;
 - operations launched: every operation but views and allocations is a GPU kernel launch (a few microseconds
   of host time each, which sets the time of short inputs), besides the backend's own kernels.
 
@@ -57,8 +57,9 @@ V3_BASE = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm"}
 VIEWS = {"detach", "lift_fresh", "_unsafe_view"}  # aliasing outputs that the schema does not mark as views
 ALLOCATIONS = {"empty", "empty_like", "new_empty", "empty_strided"}  # memory from the allocator, no kernel
-FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full"}
+FILLS = {"fill_", "zero_", "zeros", "zeros_like", "full", "new_zeros", "new_full"}  # write only
 GATHERS = {"index", "index_select", "gather"}  # (source, indices...): read as many elements as they write
+COPIES = {"copy_"}  # (destination, source): the destination is written, not read
 
 
 def _matmul_flops(name: str, args) -> int:
@@ -102,6 +103,8 @@ class Recorder(TorchDispatchMode):
             reads = 0
         elif name in GATHERS:  # the gathered elements (at most the source) and the indices
             reads = min(_nbytes(ins[0]), written) + sum(_nbytes(t) for t in ins[1:])
+        elif name in COPIES:
+            reads = sum(_nbytes(t) for t in ins[1:])
         else:
             reads = sum(_nbytes(t) for t in ins)
         self.launch_bytes.append(reads + written)

@@ -2403,10 +2403,10 @@ def test_absent_arguments_launch_nothing(monkeypatch):
     assert padded == {"constant_pad_nd": 2, **tables}, padded
     for r in (row, skewed, dist):
         launches = r["backward"]["launches"]
-        # no fills: the kernels write the distance buffers' cells that no pair lands in (zeros), and the table
-        # gradients start from their first term (no zero tensor to add into); the distance tables' zeros after
-        # their last row excepted
-        fills = {"zero_": 2} if r is dist else {}
+        # no N-sized fills: the kernels write the distance buffers' cells that no pair lands in (zeros). Fills
+        # only of the two position tables' gradients, (H, R, d), which their per-distance sums are added into
+        # (`_into_rows`), and of the distance tables' zeros after their last row
+        fills = {"new_zeros": 2, **({"zero_": 2} if r is dist else {})}
         assert {n: c for n, c in launches.items() if n in bench.FILLS} == fills, launches
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
 
@@ -2498,20 +2498,24 @@ def test_packed_rows_build_far_columns_only_for_sequences_longer_than_sat(monkey
     assert len(calls) == built
 
 
-def test_host_cost_counts_a_gather_by_what_it_gathers():
+def test_host_cost_counts_what_each_operation_must_read():
     """`triton_host_cost` counts a gather's reads as the elements it gathers and its indices, not its whole
     source: FAR's two end columns of an N×R table (`_far_columns`) read 2 of each row's R cells. Counting the
     source made the forward's host part at N = 2048 move 1.27 GB instead of 0.87, and `triton_bounds`' caps
-    there 18-20% too low. Other operations read their whole inputs."""
+    there 18-20% too low. A copy does not read its destination, nor ``new_zeros`` the tensor it is called on
+    (the fold's zeros, `_into_rows`); other operations read their whole inputs."""
     bench = _benchmark_module("triton_host_cost")
     table = torch.empty(2, 4096, 512, device="meta")  # (H, B·N, R) float32
     ends = torch.empty(2, dtype=torch.int64, device="meta")
+    size = table.numel() * 4
     with bench.Recorder() as rec:
         table[..., ends]
         torch.index_select(table, 2, ends)
         table + 1
+        table.copy_(table + 0)
+        table.new_zeros((2, 4096, 2))
     gathered = 2 * 4096 * 2 * 4
-    assert rec.launch_bytes == [2 * gathered + 16, 2 * gathered + 16, 2 * table.numel() * 4]
+    assert rec.launch_bytes == [2 * gathered + 16, 2 * gathered + 16, 2 * size, 2 * size, 2 * size, gathered]
 
 
 def test_backward_writes_no_float32_gradient_of_table_size(monkeypatch):
