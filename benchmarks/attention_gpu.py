@@ -308,7 +308,7 @@ def _attention_rows(
 
         candidates[PLAIN_ROW] = (plain, leaves[:3], grad)
     sdpa = (lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), leaves[:3], grad)
-    candidates["sdpa (no position terms)"] = sdpa
+    candidates[SDPA_ROW] = sdpa
     fd = _flashdeberta(q, k, v, pos_q, pos_k, scale) if dropout_p == 0 else None
     if fd is not None:
         candidates["flashdeberta"] = (fd, leaves, grad)
@@ -351,7 +351,8 @@ def _attention_rows(
 # the `triton` kernels without position terms: plain attention through the same loops and tiles, the ceiling
 # their far tiles (which add one value per row and per column) can reach, next to sdpa's
 PLAIN_ROW = "triton (no position terms)"
-OTHER_FUNCTIONS = ("sdpa (no position terms)", PLAIN_ROW, "hf eager layer (incl. projections)")  # other math
+SDPA_ROW = "sdpa (no position terms)"  # the ceiling: plain attention, PyTorch's fused kernels
+OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, "hf eager layer (incl. projections)")  # other math
 
 
 DIFF_TOLERANCE = 2e-2  # bfloat16, relative to the largest |value|: the tests' tolerance (tests/attention)
@@ -414,7 +415,7 @@ def long_section(args, device: str, dtype) -> Iterator[Unit]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
-            only = (*TRITON_ROWS, PLAIN_ROW, "sdpa (no position terms)")
+            only = (*TRITON_ROWS, PLAIN_ROW, SDPA_ROW)
             return [{**r, "section": "long"} for r in _attention_rows(args, n, device, dtype, only=only)]
         finally:
             args.tokens = saved
@@ -632,7 +633,7 @@ def verdicts(rows: list[dict]) -> list[str]:
         if impl not in TRITON_ROWS:
             continue
         fwd, fb = r.get("fwd_tflops"), r.get("fwd_bwd_tflops")
-        sdpa = att.get(("sdpa (no position terms)", n), {})
+        sdpa = att.get((SDPA_ROW, n), {})
         if n >= 2048 or n == 512:
             want = 100 if n >= 2048 else 60
             out.append(f"{impl} N={n}: forward {fwd} TFLOP/s (target >= {want}): {_ok(fwd, want)}")

@@ -34,7 +34,6 @@ from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-SDPA = "sdpa (no position terms)"
 # (the results' metric, the panel's title, the bounds' cap of that metric, its index in `triton_bounds.targets`)
 PANELS = (
     ("fwd_tflops", "forward", "forward_tflops_cap", 0),
@@ -94,7 +93,7 @@ def _style(impl: str, others: list[str]) -> dict:
     """How ``impl``'s line is drawn; ``others``: the implementations of neither kind below, in order."""
     if road(impl) is not None:
         return dict(color=ROAD_COLOURS.get(road(impl)), marker="o", linewidth=2.2, markersize=4)
-    if impl == SDPA:
+    if impl == attention_gpu.SDPA_ROW:
         return dict(color="black", marker="s", linewidth=1.8, markersize=3)
     if impl == attention_gpu.PLAIN_ROW:
         return dict(color="tab:blue", linestyle="--", marker=".", linewidth=1.4)
@@ -132,7 +131,11 @@ def _panel(
     lines = series(rows, metric)
     if not lines:
         raise ValueError(f"the results hold no {metric!r} in their attention section: nothing to plot")
-    others = [impl for impl in lines if road(impl) is None and impl not in (SDPA, attention_gpu.PLAIN_ROW)]
+    others = [
+        impl
+        for impl in lines
+        if road(impl) is None and impl not in (attention_gpu.SDPA_ROW, attention_gpu.PLAIN_ROW)
+    ]
     for impl, points in lines.items():
         ax.plot(*zip(*points), label=impl, **_style(impl, others))
     for name, by_n in limits.items():
@@ -145,7 +148,7 @@ def _panel(
     wanted = [(n, t) for n, t in wanted if t is not None]
     if wanted:
         ax.plot(*zip(*wanted), "_", color=TARGET_COLOUR, markersize=18, mew=2.5, label="target")
-    share = [(n, 0.4 * v) for n, v in lines.get(SDPA, []) if n >= 2048]
+    share = [(n, 0.4 * v) for n, v in lines.get(attention_gpu.SDPA_ROW, []) if n >= 2048]
     if share:
         ax.plot(*zip(*share), ":", color=TARGET_COLOUR, label="target: 40% of sdpa")
     ax.set_xscale("log", base=2)
