@@ -52,7 +52,8 @@ Sections (all bfloat16 on one CUDA device):
    row stride and at the unpadded one (2·sat + 1): the time and the cuBLAS kernels of each.
    ``latency`` (not run by default): the ``model`` section's batch-1 forward under `torch.profiler`, for our
    model with each backend and Hugging Face's: host time per operator, GPU kernels launched and their time;
-   then under `cProfile`: host time per Python function (what lies between the operators).
+   then under `cProfile`: host time per Python function (what lies between the operators); and the GPU
+   synchronisations of one call (PyTorch's sync debug mode).
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -897,6 +898,29 @@ def python_profile(fn: Callable[[], object], count: int = 15) -> dict:
     return _or_error(measure)
 
 
+def count_syncs(fn: Callable[[], object], device: str) -> int | None:
+    """How many times one call of ``fn`` waits for the GPU (``.item()``, a tensor's truth value, a copy to the
+    host...): PyTorch's sync debug mode warns at each. A forward that syncs in every layer pays the GPU's queue
+    each time, where the host could run ahead. None off CUDA (the mode needs it)."""
+    import warnings
+
+    import torch
+
+    if device != "cuda":
+        return None
+    fn()  # a warm-up call: compilation and caches may sync once
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def _function_name(file: str, line: int, name: str) -> str:
     """``name.py:line(function)``, or the builtin's name (cProfile files builtins under ``~``)."""
     return name if file == "~" else f"{Path(file).name}:{line}({name})"
@@ -922,6 +946,7 @@ def latency_section(args, device: str, dtype) -> Iterator[Unit]:
         }
         row.update(host_profile(forward, device))
         row.update(python_profile(forward))
+        row["syncs"] = count_syncs(forward, device)
         return [row]
 
     for name, build, _ in _models(args, device):
@@ -938,6 +963,8 @@ def print_latency(rows: list[dict]) -> None:
         print(f"{r['impl']:20s} host {r['host_ms']:.3f} ms{gpu}: {_top_kernels(r['host_ops'], 6, 40)}")
         if "python_funcs" in r:
             print(f"{'':20s} Python {r['python_ms']:.3f} ms: {_top_kernels(r['python_funcs'], 6, 50)}")
+        if r.get("syncs") is not None:
+            print(f"{'':20s} {r['syncs']} GPU synchronisations per call")
 
 
 def _tokens(r: dict, tokens: int) -> dict:

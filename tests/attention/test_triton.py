@@ -2215,10 +2215,22 @@ def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_
         assert r["python_ms"] >= sum(r["python_funcs"].values()) > 0
         assert list(r["python_funcs"].values()) == sorted(r["python_funcs"].values(), reverse=True)
         assert any("linear" in name for name in r["python_funcs"])  # torch's builtin, by its name
+        assert r["syncs"] is None  # counted on CUDA only
     ours, hf = (list(r["python_funcs"]) for r in rows)  # each model's own Python among the largest
     assert any(f.startswith(("layers.py", "eager.py")) for f in ours)
     assert any(f.startswith("modeling_deberta_v2.py") for f in hf)
     assert "host time by operator" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_benchmark_counts_the_syncs_of_a_call():
+    """The latency section's sync count: a call that reads a GPU value on the host syncs once per read, one that
+    only launches work none; the debug mode is restored after."""
+    bench = _benchmark_module()
+    x = torch.ones(4, device="cuda")
+    assert bench.count_syncs(lambda: [float(x.sum()) for _ in range(3)], "cuda") == 3
+    assert bench.count_syncs(lambda: x * 2, "cuda") == 0
+    assert torch.cuda.get_sync_debug_mode() == 0
 
 
 def test_gpu_benchmark_folds_section_times_both_row_strides(tmp_path, capsys):
