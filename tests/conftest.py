@@ -11,9 +11,11 @@ if not torch.cuda.is_available():
 
 # Under pytest-xdist (`make test` runs one worker per core) each worker takes its share of the cores: with
 # torch's default, a thread per core in every worker, the workers' threads contend for the same cores
+# (the cores this process may run on, as xdist's `-n auto` counts them without psutil)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, _CORES // _WORKERS))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
