@@ -28,13 +28,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import attention_gpu  # noqa: E402
-import triton_bounds  # noqa: E402
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-# (the results' metric, the panel's title, the bounds' cap of that metric, its index in `triton_bounds.targets`)
+# (the results' metric, the panel's title, the bounds' cap of that metric, its index in `attention_gpu.targets`)
 PANELS = (
     ("fwd_tflops", "forward", "forward_tflops_cap", 0),
     ("fwd_bwd_tflops", "forward + backward", "fwd_bwd_tflops_cap", 1),
@@ -144,13 +143,19 @@ def _panel(
             *zip(*points), "v", color=ROAD_COLOURS.get(name), markersize=9, alpha=0.6, label=f"cap: {name}"
         )
     lengths = sorted({n for points in lines.values() for n, _ in points})
-    wanted = [(n, triton_bounds.targets(n)[target_index]) for n in lengths]
+    wanted = [(n, attention_gpu.targets(n)[target_index]) for n in lengths]
     wanted = [(n, t) for n, t in wanted if t is not None]
     if wanted:
         ax.plot(*zip(*wanted), "_", color=TARGET_COLOUR, markersize=18, mew=2.5, label="target")
-    share = [(n, 0.4 * v) for n, v in lines.get(attention_gpu.SDPA_ROW, []) if n >= 2048]
+    share = [
+        (n, attention_gpu.SDPA_SHARE * v)
+        for n, v in lines.get(attention_gpu.SDPA_ROW, [])
+        if n >= attention_gpu.SDPA_SHARE_FROM
+    ]
     if share:
-        ax.plot(*zip(*share), ":", color=TARGET_COLOUR, label="target: 40% of sdpa")
+        ax.plot(
+            *zip(*share), ":", color=TARGET_COLOUR, label=f"target: {attention_gpu.SDPA_SHARE:.0%} of sdpa"
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(lengths, [str(n) for n in lengths])

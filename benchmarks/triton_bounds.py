@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import attention_gpu  # noqa: E402
 import triton_host_cost  # noqa: E402
 
 from debertakit.attention import triton_backend  # noqa: E402
@@ -75,13 +76,6 @@ GPUS = {
     "h100": Gpu("H100 SXM (3.35 TB/s, 989 TFLOP/s, 50 MB L2)", 3.35e12, 989e12, 50 * 2**20),
     "h200": Gpu("H200 SXM (4.8 TB/s, 989 TFLOP/s, 50 MB L2)", 4.8e12, 989e12, 50 * 2**20),
 }
-
-
-def targets(n: int) -> tuple[int | None, int | None]:
-    """The issue's targets at N, TFLOP/s (forward, forward+backward): forward 60 at 512 and 100 from 2048,
-    forward+backward 75 from 2048; None where it sets none."""
-    forward = 60 if n == 512 else 100 if n >= 2048 else None
-    return forward, 75 if n >= 2048 else None
 
 
 def _sectors(cells: np.ndarray, cell_bytes: int) -> int:
@@ -162,7 +156,7 @@ def bound(road: str, n: int, gpu: Gpu, tokens: int, heads: int, dim: int) -> dic
         seconds[phase] = host_s + kernel_s
         seconds[f"{phase}_host"] = host_s
     flops = host["attention_fwd_flops"]  # the benchmark's convention, 4·N²·d per head and batch row
-    forward_target, fwd_bwd_target = targets(n)
+    forward_target, fwd_bwd_target = attention_gpu.targets(n)
     fwd_cap = flops / seconds["forward"] / 1e12
     fb_cap = 3.5 * flops / (seconds["forward"] + seconds["backward"]) / 1e12
     return dict(
