@@ -90,24 +90,29 @@ class Compiled:
     replication: int  # how many warps compute each result of the most replicated product (`replication`)
 
 
-def tile_loops(sass: str) -> list[int]:
-    """Instructions in the body of each loop over tiles of a ``cuobjdump -sass`` listing, in address order. A
-    backward branch (``BRA`` to an address before its own) closes a loop whose body runs from the target to the
-    branch; a loop over tiles is one whose body holds a tensor-core product (the backward kernels' other loops
-    zero buffer cells). Each thread issues about that many instructions per iteration, so with the tile's size
-    and warps it is the static cost of one tile of that loop: at distance i - j the kernels' three runs (far,
-    near, far; `triton_kernels._runs`), against the single loop of the forward without position terms."""
-    lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
-    bodies = []
+def mma_loops(lines: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """The (first, last) addresses of each loop over tiles of a SASS listing given as (address, opcode,
+    operands) in address order. A backward branch (``BRA`` to an address before its own) closes a loop whose
+    body runs from the target to the branch; a loop over tiles is one whose body holds a tensor-core product
+    (the backward kernels' other loops zero buffer cells). At distance i - j the kernels' three runs (far, near,
+    far; `triton_kernels._runs`), against the single loop of the forward without position terms."""
+    loops = []
     for addr, op, rest in lines:
         found = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None
         target = int(found.group(1), 16) if found else addr
         if target >= addr:  # not a branch, a forward one, or the listing's closing self-branch
             continue
-        body = [o for a, o, _ in lines if target <= a <= addr]
-        if any(o.split(".")[0] in MMA_OPS for o in body):
-            bodies.append(len(body))
-    return bodies
+        if any(o.split(".")[0] in MMA_OPS for a, o, _ in lines if target <= a <= addr):
+            loops.append((target, addr))
+    return loops
+
+
+def tile_loops(sass: str) -> list[int]:
+    """Instructions in the body of each loop over tiles (`mma_loops`) of a ``cuobjdump -sass`` listing, in
+    address order. Each thread issues about that many instructions per iteration, so with the tile's size and
+    warps it is the static cost of one tile of that loop."""
+    lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
+    return [sum(1 for a, _, _ in lines if first <= a <= last) for first, last in mma_loops(lines)]
 
 
 def branch_loads(ttgir: str) -> int:
