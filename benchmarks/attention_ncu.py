@@ -46,6 +46,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -417,7 +418,7 @@ def table(results: list[dict]) -> str:
                 kind: (k[f"{kind}_sectors"] / k[f"{kind}_requests"]) if k[f"{kind}_requests"] else None
                 for kind in ("ldgsts", "ld")
             }
-            stalls = ", ".join(f"{name} {v:.1f}" for name, v in list(k["stalls"].items())[:TOP_STALLS])
+            stalls = ", ".join(f"{why} {v:.1f}" for why, v in list(k["stalls"].items())[:TOP_STALLS])
             lines.append(
                 f"| {name} | {r['n']} | {k['kernel'][:40]} | {_fmt(k['us'])} | {_fmt(k['registers'], 0)} "
                 f"| {_fmt(k['occupancy_pct'])} | {_fmt(k['issue_active_pct'])} | {_fmt(k['tensor_pipe_pct'])} "
@@ -453,7 +454,7 @@ def write(out: Path, env: dict, results: list[dict], pending: list[str]) -> None
 
     result = {"environment": env, "complete": not pending, "pending": pending, "rows": results}
     atomic_write_text(out, json.dumps(result, indent=1, default=str) + "\n")
-    header = "# Nsight Compute profile of the attention kernels\n\n`python benchmarks/attention_ncu.py`\n\n"
+    header = f"# Nsight Compute profile of the attention kernels\n\n`{env.get('command')}`\n\n"
     facts = ", ".join(f"{k} {env.get(k)}" for k in ("device", "torch", "triton", "cuda", "ncu", "date"))
     atomic_write_text(out.with_suffix(".md"), header + facts + "\n\n" + table(results) + "\n")
 
@@ -478,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     raw_dir = args.raw_dir or Path(tempfile.mkdtemp(prefix="attention-ncu-"))
     raw_dir.mkdir(parents=True, exist_ok=True)
     env = environment(ncu)
+    env["command"] = shlex.join(
+        ["python", "benchmarks/attention_ncu.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     plan = [(impl, n, tiles) for tiles in args.tiles or [None] for n in args.lengths for impl in args.impls]
     results: list[dict] = []
     began = time.monotonic()

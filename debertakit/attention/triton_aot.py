@@ -94,8 +94,8 @@ def mma_loops(lines: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     """The (first, last) addresses of each loop over tiles of a SASS listing given as (address, opcode,
     operands) in address order. A backward branch (``BRA`` to an address before its own) closes a loop whose
     body runs from the target to the branch; a loop over tiles is one whose body holds a tensor-core product
-    (the backward kernels' other loops zero buffer cells). At distance i - j the kernels' three runs (far, near,
-    far; `triton_kernels._runs`), against the single loop of the forward without position terms."""
+    (the backward kernels' other loops zero buffer cells). At distance i - j a kernel has three, its far, near
+    and far runs (`triton_kernels._runs`); the forward without position terms has one."""
     loops = []
     for addr, op, rest in lines:
         found = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None

@@ -203,6 +203,7 @@ def test_run_profiles_each_row_and_length_and_records_what_fails(tmp_path, monke
     assert "ERR_NVGPUCTRPERM" in fd["error"] and "kernels" not in fd
     assert sorted(p.name for p in raw.glob("*.csv")) == ["triton-n512.raw.csv", "triton-n512.source.csv"]
     md = out.with_suffix(".md").read_text()
+    assert "`python benchmarks/attention_ncu.py --ncu " in md  # the command that made it
     assert "| triton | 512 | _fwd_kernel | 1612.3 | 168 |" in md and "long_scoreboard 12.2" in md
     assert "| flashdeberta | 512 | error: ncu exit 1" in md
 
