@@ -21,9 +21,10 @@ waiting on gathers, on the tensor cores, on the pipeline's barriers, or issuing 
 by name (``--kernels``, a regular expression over the function name; default: Triton's kernels, whose names
 start with ``_``, and the flash / fused attention kernels of sdpa), so the host's matmuls and copies are
 not replayed. Writes ``benchmarks/results/attention_ncu.json`` and ``.md`` (rewritten after each profile,
-atomically), and each profile's two pages as CSV files under ``--raw-dir`` (kept for what the summary does not
-show). A profile that fails (ncu cannot read the GPU's counters, a timeout) records ncu's last lines as its
-error and the run goes on; ``--budget-s`` starts no profile after that many seconds.
+atomically), and each profile's two pages as CSV files under ``--raw-dir`` with ncu's output (kept for what
+the summary does not show). A profile that fails (ncu cannot read the GPU's counters, a timeout) records ncu's
+last lines as its error and the run goes on (without the source page, the raw page's summary stays);
+``--budget-s`` starts no profile after that many seconds.
 
 Usage::
 
@@ -368,11 +369,14 @@ def _tail(text: str, lines: int = 6) -> str:
 
 
 def profile(ncu: str, args: argparse.Namespace, impl: str, n: int, tiles: str | None, raw_dir: Path) -> dict:
-    """Profiles one row at one length (and tiles); its two pages are saved under ``raw_dir`` and summarised."""
+    """Profiles one row at one length (and tiles): ncu's output goes to ``raw_dir`` (``.log``), so do its pages
+    (``.raw.csv``, ``.source.csv``), summarised. Without the raw page the profile is an error; without the
+    source page (an ncu that cannot print it) the summary goes without stall samples per instruction."""
     slug = _slug(impl, n, tiles)
     report = raw_dir / f"{slug}.ncu-rep"
     began = time.monotonic()
     code, out, err = _run(profile_command(ncu, report, args, impl, n, tiles), args.timeout_s)
+    (raw_dir / f"{slug}.log").write_text(out + err)
     entry = {"impl": impl, "n": n, "tiles": tiles, "batch": max(1, args.tokens // n)}
     entry["seconds"] = round(time.monotonic() - began, 1)
     if code != 0 or not report.is_file():
@@ -383,10 +387,13 @@ def profile(ncu: str, args: argparse.Namespace, impl: str, n: int, tiles: str | 
             [ncu, "--import", str(report), "--csv", "--page", page, *extra], args.timeout_s
         )
         if code != 0:
-            return {**entry, "error": f"ncu --page {page} exit {code}: {_tail(err)}"}
+            entry[f"{page}_error"] = f"ncu --page {page} exit {code}: {_tail(err)}"
+            continue
         (raw_dir / f"{slug}.{page}.csv").write_text(text)
         pages[page] = text
-    kernels = summarize(parse_raw(pages["raw"]), parse_source(pages["source"]))
+    if "raw" not in pages:
+        return {**entry, "error": entry.pop("raw_error")}
+    kernels = summarize(parse_raw(pages["raw"]), parse_source(pages.get("source", "")))
     if not kernels:
         return {**entry, "error": f"no kernel matched --kernels {args.kernels!r}"}
     return {**entry, "kernels": kernels}

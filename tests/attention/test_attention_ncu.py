@@ -161,7 +161,8 @@ def test_profile_refuses_to_run_without_cuda(tmp_path, capsys):
 
 def _fake_ncu(tmp_path: Path) -> Path:
     """A stand-in for ncu: a profile writes the report (or fails, for the flashdeberta row, as ncu does without
-    access to the counters), an import prints the page asked for."""
+    access to the counters), an import prints the page asked for (not the source page of the distance row's
+    report, as an ncu without ``--print-source`` would not)."""
     (tmp_path / "raw.csv").write_text(RAW)
     (tmp_path / "source.csv").write_text(SOURCE)
     script = tmp_path / "ncu"
@@ -179,6 +180,8 @@ def _fake_ncu(tmp_path: Path) -> Path:
                 pathlib.Path(a[a.index("--export") + 1]).write_text("report")
             elif "--import" in a:
                 page = a[a.index("--page") + 1]
+                if page == "source" and "distance" in a[a.index("--import") + 1]:
+                    sys.exit("==ERROR== unrecognised option '--print-source'")
                 print(pathlib.Path({str(tmp_path)!r}, page + ".csv").read_text())
             """
         )
@@ -193,15 +196,24 @@ def test_run_profiles_each_row_and_length_and_records_what_fails(tmp_path, monke
     monkeypatch.setattr(ncu, "environment", lambda path: {"device": "test", "ncu": path})
     out, raw = tmp_path / "ncu.json", tmp_path / "pages"
     common = ["--ncu", str(_fake_ncu(tmp_path)), "--raw-dir", str(raw), "--out", str(out)]
-    assert ncu.main([*common, "--impls", "triton", "flashdeberta", "--lengths", "512"]) == 0
+    impls = ["--impls", "triton", "flashdeberta", "triton distance"]
+    assert ncu.main([*common, *impls, "--lengths", "512"]) == 0
     result = json.loads(out.read_text())
     assert result["complete"] and result["pending"] == []
-    triton, fd = result["rows"]
+    triton, fd, dist = result["rows"]
     assert [k["kernel"] for k in triton["kernels"]] == ["_fwd_kernel", "_dq_kernel"]
     assert triton["kernels"][0]["us"] == pytest.approx(1612.345)
     assert triton["kernels"][0]["source"]["loops"][0]["samples_share"] == round(44 / 45, 4)
     assert "ERR_NVGPUCTRPERM" in fd["error"] and "kernels" not in fd
-    assert sorted(p.name for p in raw.glob("*.csv")) == ["triton-n512.raw.csv", "triton-n512.source.csv"]
+    # no source page: the raw page's summary all the same, the source page's error beside it
+    assert dist["kernels"][0]["us"] == pytest.approx(1612.345) and "source" not in dist["kernels"][0]
+    assert "--print-source" in dist["source_error"]
+    assert sorted(p.name for p in raw.glob("*.csv")) == [
+        "triton-distance-n512.raw.csv",
+        "triton-n512.raw.csv",
+        "triton-n512.source.csv",
+    ]
+    assert "ERR_NVGPUCTRPERM" in (raw / "flashdeberta-n512.log").read_text()  # ncu's own output, kept
     md = out.with_suffix(".md").read_text()
     assert "`python benchmarks/attention_ncu.py --ncu " in md  # the command that made it
     assert "| triton | 512 | _fwd_kernel | 1612.3 | 168 |" in md and "long_scoreboard 12.2" in md
