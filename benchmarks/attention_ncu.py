@@ -491,19 +491,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     plan = [(impl, n, tiles) for tiles in args.tiles or [None] for n in args.lengths for impl in args.impls]
     results: list[dict] = []
+
+    def pending() -> list[str]:
+        return [f"{_name(impl, t)} N={n}" for impl, n, t in plan[len(results) :]]
+
+    write(args.out, env, results, pending())  # --out writable before any profile
     began = time.monotonic()
-    for i, (impl, n, tiles) in enumerate(plan):
+    for impl, n, tiles in plan:
         if args.budget_s is not None and time.monotonic() - began >= args.budget_s:
             print(f"time budget of {args.budget_s} s reached: starting no more profiles", file=sys.stderr)
             break
-        print(f"== {_name(impl, tiles)} N={n} ({i + 1}/{len(plan)})", flush=True)
+        print(f"== {_name(impl, tiles)} N={n} ({len(results) + 1}/{len(plan)})", flush=True)
         results.append(profile(ncu, args, impl, n, tiles, raw_dir))
-        write(args.out, env, results, [f"{_name(impl, t)} N={n}" for impl, n, t in plan[i + 1 :]])
-    pending = [f"{_name(impl, t)} N={n}" for impl, n, t in plan[len(results) :]]
-    write(args.out, env, results, pending)
+        write(args.out, env, results, pending())
     print(table(results))
     print(f"\nwrote {args.out} and {args.out.with_suffix('.md')}; the pages in {raw_dir}")
-    return 3 if pending else 0
+    return 3 if pending() else 0
 
 
 if __name__ == "__main__":
