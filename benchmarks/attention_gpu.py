@@ -316,7 +316,7 @@ def _attention_rows(
     hf = _hf_attention_layer(batch, n, H, D, device, dtype) if dropout_p == 0 else None
     if hf is not None:
         hf_grad = grad.transpose(1, 2).reshape(batch, n, H * D)  # the layer returns (B, N, H·D)
-        candidates["hf eager layer (incl. projections)"] = (*hf, hf_grad)
+        candidates[HF_ROW] = (*hf, hf_grad)
 
     if only is not None:
         candidates = {name: c for name, c in candidates.items() if name in only}
@@ -353,7 +353,23 @@ def _attention_rows(
 # their far tiles (which add one value per row and per column) can reach, next to sdpa's
 PLAIN_ROW = "triton (no position terms)"
 SDPA_ROW = "sdpa (no position terms)"  # the ceiling: plain attention, PyTorch's fused kernels
-OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, "hf eager layer (incl. projections)")  # other math
+HF_ROW = "hf eager layer (incl. projections)"
+OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, HF_ROW)  # other math
+
+
+def attention_row_names() -> list[str]:
+    """Every row the attention section can build, where its backend or package is present."""
+    from debertakit.attention import available_backends
+
+    return [*available_backends(), *NEAR_BAND_ROWS, PLAIN_ROW, SDPA_ROW, "flashdeberta", HF_ROW]
+
+
+def check_impls(impls: list[str] | None) -> None:
+    """``--impls`` names rows the attention section builds: a misspelt one would be left out without a word."""
+    known = attention_row_names()
+    unknown = [name for name in impls or [] if name not in known]
+    if unknown:
+        raise SystemExit(f"--impls: unknown row(s) {unknown}; the attention section's rows are {known}")
 
 
 DIFF_TOLERANCE = 2e-2  # bfloat16, relative to the largest |value|: the tests' tolerance (tests/attention)
@@ -1262,6 +1278,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    check_impls(args.impls)
     import torch
 
     if args.smoke:

@@ -470,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
         return run_child(args)
+    import attention_gpu
     import torch
 
+    attention_gpu.check_impls(args.impls)
     if not torch.cuda.is_available():
         print(
             "attention_ncu.py needs a CUDA device; none is available here, nothing was written.",

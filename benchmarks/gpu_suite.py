@@ -1,0 +1,457 @@
+"""One GPU session's measurements in one command: the steps in the order of what they decide, inside one time
+budget, every result and log in one bundle.
+
+GPU time comes in short leases, and a machine's start costs minutes: what a lease should measure is prepared
+here, run as one command, and stops starting work before the lease ends. The plan (``--list`` prints it, with
+each step's cap and what it decides):
+
+1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight Compute;
+2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the three near-band
+   roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and which
+   road should be the default;
+3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
+4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
+5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around them);
+6. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
+7. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
+
+Each step runs as a child process in its own process group, its output in ``logs/<step>.log``, and is stopped
+(the whole group: ncu's children too) when its cap or the budget runs out. A step is not started with less than
+its ``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds are
+recorded, to correct them by. The two benchmark scripts are given ``--budget-s`` a margin short of the time they have, so
+that they stop between units and keep everything measured (their results files are rewritten after each unit);
+a step stopped all the same keeps what its results file holds. After each step, ``--out`` receives three files
+(written atomically):
+
+* ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
+  not started, and the end of its log when it failed;
+* ``gpu_suite.tar.gz``: the working folder (``--work``, default a new temp folder): every step's results file
+  (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log.
+
+Unpack the bundle and copy a results file into ``benchmarks/results/`` (``attention_gpu.py --combine`` joins
+its files; ``plot_attention_gpu.py`` draws them).
+
+Usage::
+
+    python benchmarks/gpu_suite.py --list
+    python benchmarks/gpu_suite.py --budget-s 540 --out /tmp/gpu       # the whole plan, in order
+    python benchmarks/gpu_suite.py --budget-s 300 --steps ncu tiles --out /tmp/gpu
+
+Exit status: 0 when every step ran and succeeded, 1 when one failed or was stopped, 3 when steps were left for
+want of time (``--steps`` runs them in a later lease).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = "benchmarks"
+TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
+ROADS = ["triton", "triton distance", "triton skew-forward"]
+CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdeberta"]
+SWEEP_TILES = ["64x32w4s2", "128x64w8s2", "128x128w8s2", "128x32w8s2", "64x64w8s2"]
+# a benchmark script is told to start no unit this long before its step's time is up: its longest unit (a
+# length's rows, compiles included) then ends inside the step, and the script writes its results and exits
+UNIT_MARGIN_S = 60.0
+LOG_TAIL_LINES = 25  # lines of a failed step's log in the summary
+KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL of a stopped step's group
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of the plan. ``argv`` is built per run: it is given the working folder and the seconds the
+    step may take (for a script's own ``--budget-s``)."""
+
+    name: str
+    why: str
+    argv: Callable[[Path, float], list[str]]
+    cap_s: float  # the longest it may run
+    min_s: float  # not started with less than this left
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def _script_budget(seconds: float) -> str:
+    return f"{max(seconds - UNIT_MARGIN_S, 1.0):.0f}"
+
+
+def _attention_gpu(*args: str, out: str) -> Callable[[Path, float], list[str]]:
+    def argv(work: Path, seconds: float) -> list[str]:
+        return _python(
+            f"{BENCH}/attention_gpu.py",
+            *args,
+            "--budget-s",
+            _script_budget(seconds),
+            "--out",
+            str(work / out),
+        )
+
+    return argv
+
+
+def _ncu(work: Path, seconds: float) -> list[str]:
+    return _python(
+        f"{BENCH}/attention_ncu.py",
+        "--impls", "triton", "triton distance", "sdpa (no position terms)",
+        "--lengths", "512", "8192",
+        "--timeout-s", "150",
+        "--budget-s", _script_budget(seconds),
+        "--raw-dir", str(work / "ncu_pages"),
+        "--out", str(work / "attention_ncu.json"),
+    )  # fmt: skip
+
+
+def _pytest(*args: str, xml: str) -> Callable[[Path, float], list[str]]:
+    def argv(work: Path, seconds: float) -> list[str]:
+        return _python("-m", "pytest", *args, "-v", "--junitxml", str(work / xml))
+
+    return argv
+
+
+def _environment(work: Path, seconds: float) -> list[str]:
+    return _python(f"{BENCH}/gpu_suite.py", "--environment", str(work / "environment.json"))
+
+
+PLAN = [
+    Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
+    Step(
+        "targets",
+        "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
+        _attention_gpu(
+            "--sections",
+            "attention",
+            "--lengths",
+            *TARGET_LENGTHS,
+            "--impls",
+            *ROADS,
+            *CEILINGS,
+            out="attention_gpu_targets.json",
+        ),  # fmt: skip
+        240,
+        90,
+    ),
+    Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100),
+    Step(
+        "gpu-tests",
+        "the grid at real sizes on every road, dropout, CUDA graphs, no host syncs, N = 65536",
+        _pytest("-m", "gpu", "tests/attention", xml="gpu_tests.xml"),
+        300,
+        120,
+    ),
+    Step(
+        "profile",
+        "GPU time per kernel of the triton rows: the fused kernels against the products around them",
+        _attention_gpu(
+            "--sections", "profile", "--lengths", "512", "2048", "8192", out="attention_gpu_profile.json"
+        ),
+        150,
+        60,
+    ),
+    Step(
+        "tiles",
+        "tile shapes on the tables road (GPU_TILES)",
+        _attention_gpu(
+            "--sections",
+            "tiles",
+            "--lengths",
+            "512",
+            "2048",
+            "8192",
+            "--tiles",
+            *SWEEP_TILES,
+            out="attention_gpu_tiles.json",
+        ),  # fmt: skip
+        180,
+        90,
+    ),
+    Step(
+        "tiles-distance",
+        "tile shapes on the distance road",
+        _attention_gpu(
+            "--sections",
+            "tiles",
+            "--near-band",
+            "distance",
+            "--lengths",
+            "512",
+            "2048",
+            "8192",
+            "--tiles",
+            *SWEEP_TILES,
+            out="attention_gpu_tiles_distance.json",
+        ),  # fmt: skip
+        180,
+        90,
+    ),
+    Step(
+        "dropout",
+        "the roads in training with dropout 0.1",
+        _attention_gpu(
+            "--sections", "dropout", "--lengths", "512", "2048", "8192", out="attention_gpu_dropout.json"
+        ),
+        150,
+        60,
+    ),
+    Step(
+        "model",
+        "whole-model tokens/s (v3-base shape) and packed batches",
+        _attention_gpu("--sections", "model", "packed", out="attention_gpu_model.json"),
+        240,
+        90,
+    ),
+    Step(
+        "latency",
+        "one request's latency: host time per operator and function, GPU syncs",
+        _attention_gpu("--sections", "latency", out="attention_gpu_latency.json"),
+        120,
+        45,
+    ),
+    Step(
+        "long",
+        "batch 1 at N = 16384 ... 65536: runs, memory linear in N",
+        _attention_gpu("--sections", "long", out="attention_gpu_long.json"),
+        150,
+        60,
+    ),
+]
+STEPS = {step.name: step for step in PLAN}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget-s", type=float, default=540.0, help="start no step that would end after this")
+    p.add_argument(
+        "--steps", nargs="+", default=None, help=f"run these, in this order (default: all of {list(STEPS)})"
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="where the summary and the bundle go (required to run)"
+    )
+    p.add_argument("--work", type=Path, default=None, help="the working folder (default: a new temp folder)")
+    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    p.add_argument("--environment", type=Path, default=None, help=argparse.SUPPRESS)  # the first step's child
+    args = p.parse_args(argv)
+    unknown = [name for name in args.steps or [] if name not in STEPS]
+    if unknown:
+        p.error(f"unknown step(s) {unknown}; expected some of {list(STEPS)}")
+    if args.budget_s <= 0:
+        p.error(f"--budget-s must be positive, got {args.budget_s}")
+    if args.out is None and not (args.list or args.environment):
+        p.error(
+            "--out is required: the folder that receives gpu_suite.md, gpu_suite.json and gpu_suite.tar.gz"
+        )
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- environment
+def _command_output(argv: list[str]) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"error: {err}"
+    return (done.stdout or done.stderr).strip()
+
+
+def environment() -> dict:
+    """What the numbers of this run hold for: the GPU as nvidia-smi reports it (name, driver, clocks, power
+    limit), the Python packages, and Nsight Compute."""
+    import importlib.metadata
+
+    sys.path.insert(0, str(ROOT / BENCH))
+    import attention_ncu
+
+    env: dict = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "nvidia_smi": _command_output(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit",
+                "--format=csv",
+            ]
+        ),
+    }
+    for package in ("torch", "triton", "transformers", "flashdeberta"):
+        try:
+            env[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            env[package] = None
+    ncu = attention_ncu.find_ncu(None)
+    env["ncu"] = ncu and {"path": ncu, "version": _command_output([ncu, "--version"])}
+    return env
+
+
+# -------------------------------------------------------------------------------------------------- running
+def shown(argv: list[str]) -> str:
+    """The command as a reader would type it: ``python`` for this interpreter's path."""
+    return shlex.join(["python" if argv[0] == sys.executable else argv[0], *argv[1:]])
+
+
+def run_step(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None, float, bool]:
+    """Runs ``argv`` from the repository's root in a process group of its own, its output into ``log``; past
+    ``timeout_s`` the whole group is stopped (SIGTERM, then SIGKILL). Returns (exit status, seconds, stopped)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    with log.open("w") as sink:
+        sink.write(f"$ {shown(argv)}\n")
+        sink.flush()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+            stopped = False
+        except subprocess.TimeoutExpired:
+            stopped = True
+            rc = _stop_group(proc)
+            sink.write(f"\n[gpu_suite] stopped after {timeout_s:.0f} s\n")
+    return rc, time.monotonic() - began, stopped
+
+
+def _stop_group(proc: subprocess.Popen) -> int | None:
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll()
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return "\n".join(text[-lines:])
+
+
+def run_plan(
+    steps: list[Step],
+    work: Path,
+    budget_s: float,
+    report: Callable[[list[dict]], None] = lambda records: None,
+) -> list[dict]:
+    """Runs ``steps`` in order inside ``budget_s`` seconds; one record per step (skipped ones too), ``report``
+    called with the records so far after each step."""
+    began = time.monotonic()
+    records: list[dict] = []
+    for number, step in enumerate(steps, 1):
+        left = budget_s - (time.monotonic() - began)
+        record: dict = {"step": step.name, "why": step.why}
+        if left < step.min_s:
+            record.update(status="not started", reason=f"{left:.0f} s left, needs {step.min_s:.0f}")
+            print(f"[{number}/{len(steps)}] {step.name}: not started ({record['reason']})", flush=True)
+            records.append(record)
+            report(records)
+            continue
+        timeout = min(step.cap_s, left)
+        argv = step.argv(work, timeout)
+        log = work / "logs" / f"{step.name}.log"
+        print(f"[{number}/{len(steps)}] {step.name} (up to {timeout:.0f} s): {shown(argv)}", flush=True)
+        rc, seconds, stopped = run_step(argv, log, timeout)
+        status = "stopped" if stopped else "ok" if rc == 0 else "left units" if rc == 3 else "failed"
+        record.update(
+            command=shown(argv), rc=rc, seconds=round(seconds, 1), status=status, log=f"logs/{log.name}"
+        )
+        if status not in ("ok", "left units"):
+            record["log_tail"] = _tail(log)
+        print(
+            f"    {status}, rc {rc}, {seconds:.0f} s ({budget_s - (time.monotonic() - began):.0f} s left)",
+            flush=True,
+        )
+        records.append(record)
+        report(records)
+    return records
+
+
+# ------------------------------------------------------------------------------------------------- outputs
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def summary_md(records: list[dict], budget_s: float, pending: list[str]) -> str:
+    lines = [
+        f"# GPU suite, {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        "",
+        f"Budget {budget_s:.0f} s. Results and logs: `gpu_suite.tar.gz`.",
+        "",
+        "| step | status | rc | seconds | decides |",
+        "|---|---|---|---|---|",
+    ]
+    for r in records:
+        lines.append(
+            f"| {r['step']} | {r['status']}{' (' + r['reason'] + ')' if 'reason' in r else ''} | "
+            f"{r.get('rc', '')} | {r.get('seconds', '')} | {r['why']} |"
+        )
+    lines += [f"| {name} | not reached | | | {STEPS[name].why} |" for name in pending]
+    for r in records:
+        if "command" in r:
+            lines += ["", f"`{r['step']}`: `{r['command']}`"]
+        if r.get("log_tail"):
+            lines += ["", "```", r["log_tail"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, pending: list[str]) -> None:
+    """The summary (JSON and Markdown) and the bundle of ``work``, each written atomically into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"budget_s": budget_s, "steps": records, "not_reached": pending}
+    _atomic_write(out / "gpu_suite.json", lambda p: p.write_text(json.dumps(data, indent=1) + "\n"))
+    _atomic_write(out / "gpu_suite.md", lambda p: p.write_text(summary_md(records, budget_s, pending)))
+
+    def bundle(path: Path) -> None:
+        with tarfile.open(path, "w:gz") as tar:
+            tar.add(work, arcname="gpu_suite")
+
+    _atomic_write(out / "gpu_suite.tar.gz", bundle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.environment is not None:
+        args.environment.write_text(json.dumps(environment(), indent=1) + "\n")
+        return 0
+    steps = [STEPS[name] for name in args.steps] if args.steps else PLAN
+    if args.list:
+        for step in steps:
+            print(f"{step.name:15} cap {step.cap_s:4.0f} s, min {step.min_s:4.0f} s: {step.why}")
+            print(f"{'':15} {shown(step.argv(Path('WORK'), step.cap_s))}")
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-suite-"))
+    work.mkdir(parents=True, exist_ok=True)
+    names = [step.name for step in steps]
+
+    def report(records: list[dict]) -> None:
+        write_outputs(args.out, work, records, args.budget_s, names[len(records) :])
+
+    report([])  # --out writable before any step
+    records = run_plan(steps, work, args.budget_s, report)
+    report(records)
+    print(f"\nwrote {args.out}/gpu_suite.md, gpu_suite.json and gpu_suite.tar.gz (the folder {work})")
+    statuses = {r["status"] for r in records}
+    if statuses & {"failed", "stopped"}:
+        return 1
+    return 3 if statuses & {"not started", "left units"} else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

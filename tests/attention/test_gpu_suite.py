@@ -1,0 +1,181 @@
+"""`benchmarks/gpu_suite.py` without a GPU: the budgeted run of a plan (steps stopped, failed, not started), its
+summary and bundle, and the real plan's commands as the scripts they call parse them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module(name: str):
+    # imported by name, as the scripts import each other (and a dataclass needs its module in sys.modules)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return _module("gpu_suite")
+
+
+def _py(code: str):
+    return lambda work, seconds: [sys.executable, "-c", code]
+
+
+def _steps(suite, pid_file: Path):
+    Step = suite.Step
+    # the stopped step starts a grandchild that would outlive it if only the step itself were killed
+    spawn = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)"
+    )
+    return [
+        Step("ok", "succeeds", _py("print('measured')"), cap_s=30, min_s=0),
+        Step(
+            "broken", "fails", _py("import sys; print('boom: no such row'); sys.exit(2)"), cap_s=30, min_s=0
+        ),
+        Step("slow", "outlasts its cap", _py(spawn), cap_s=3, min_s=0),
+        Step("late", "needs more than is left", _py("print('never')"), cap_s=30, min_s=10_000),
+    ]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a killed child of a finished parent is reaped by init; a zombie still answers kill(0)
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())
+
+
+def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_not_fit(suite, tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    reports = []
+    began = time.monotonic()
+    records = suite.run_plan(
+        _steps(suite, pid_file), tmp_path, budget_s=120, report=lambda r: reports.append(len(r))
+    )
+    assert time.monotonic() - began < 60  # the slow step's 60 s sleep was cut at its 3 s cap
+    assert [r["step"] for r in records] == ["ok", "broken", "slow", "late"]
+    assert [r["status"] for r in records] == ["ok", "failed", "stopped", "not started"]
+    assert reports == [1, 2, 3, 4]  # the summary is rewritten after every step
+    ok, broken, slow, late = records
+    assert ok["rc"] == 0 and "log_tail" not in ok
+    assert "measured" in (tmp_path / ok["log"]).read_text()
+    assert broken["rc"] == 2 and "boom: no such row" in broken["log_tail"]
+    assert slow["seconds"] < 30 and "stopped after 3 s" in (tmp_path / slow["log"]).read_text()
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(grandchild), "the stopped step's own children must be stopped with it"
+    assert "needs 10000" in late["reason"] and "command" not in late
+
+
+def test_a_step_gets_the_budget_left_not_its_whole_cap(suite, tmp_path):
+    seen = []
+
+    def argv(work, seconds):
+        seen.append(seconds)
+        return [sys.executable, "-c", "import time; time.sleep(30)"]
+
+    step = suite.Step("capped", "", argv, cap_s=300, min_s=0)
+    records = suite.run_plan([step], tmp_path, budget_s=2)
+    assert seen and seen[0] <= 2
+    assert records[0]["status"] == "stopped" and records[0]["seconds"] < 15
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [(["pass"], 0), (["pass", "raise SystemExit(1)"], 1), (["raise SystemExit(3)"], 3)],
+)
+def test_main_writes_the_summary_and_the_bundle(suite, tmp_path, monkeypatch, codes, expected):
+    steps = [suite.Step(f"s{i}", f"step {i}", _py(code), cap_s=30, min_s=0) for i, code in enumerate(codes)]
+    monkeypatch.setattr(suite, "PLAN", steps)
+    monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert suite.main(["--budget-s", "60", "--out", str(out), "--work", str(work)]) == expected
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_suite.json", "gpu_suite.md", "gpu_suite.tar.gz"]
+    data = json.loads((out / "gpu_suite.json").read_text())
+    assert [s["step"] for s in data["steps"]] == [s.name for s in steps] and data["not_reached"] == []
+    md = (out / "gpu_suite.md").read_text()
+    for s in steps:
+        assert f"| {s.name} |" in md and s.why in md
+    with tarfile.open(out / "gpu_suite.tar.gz") as tar:
+        names = tar.getnames()
+    assert {f"gpu_suite/logs/{s.name}.log" for s in steps} <= set(names)
+
+
+def test_main_runs_the_steps_named_and_refuses_unknown_ones(suite, tmp_path, monkeypatch, capsys):
+    steps = [suite.Step(name, name, _py(f"print({name!r})"), cap_s=30, min_s=0) for name in ("a", "b", "c")]
+    monkeypatch.setattr(suite, "PLAN", steps)
+    monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
+    out = tmp_path / "out"
+    assert suite.main(["--steps", "c", "a", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert [s["step"] for s in json.loads((out / "gpu_suite.json").read_text())["steps"]] == ["c", "a"]
+    with pytest.raises(SystemExit):
+        suite.main(["--steps", "nope", "--out", str(out)])
+    assert "unknown step(s) ['nope']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite.main(["--steps", "a"])  # no --out: nowhere to put the results
+    assert "--out is required" in capsys.readouterr().err
+
+
+def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
+    """Every benchmark step's arguments parse in the script it calls, name rows the attention section builds,
+    and give the script a budget that ends before the step is stopped; the test step names real tests."""
+    attention_gpu, attention_ncu = _module("attention_gpu"), _module("attention_ncu")
+    parsers = {"attention_gpu.py": attention_gpu.parse_args, "attention_ncu.py": attention_ncu.parse_args}
+    checked = set()
+    for step in suite.PLAN:
+        argv = step.argv(tmp_path, step.cap_s)
+        script = Path(argv[1]).name
+        if script in parsers:
+            args = parsers[script](argv[2:])
+            attention_gpu.check_impls(args.impls)
+            assert args.budget_s <= step.cap_s - suite.UNIT_MARGIN_S
+            assert args.out.parent == tmp_path  # results land in the bundle, not over the committed ones
+            checked.add(script)
+        elif argv[1:3] == ["-m", "pytest"]:
+            assert all((ROOT / a).exists() for a in argv[3:] if a.startswith("tests/"))
+            checked.add("pytest")
+    assert checked == {"attention_gpu.py", "attention_ncu.py", "pytest"}
+    sections = {a for step in suite.PLAN for a in _after(step.argv(tmp_path, 100), "--sections")}
+    assert sections <= set(attention_gpu.SECTIONS)
+
+
+def _after(argv: list[str], flag: str) -> list[str]:
+    if flag not in argv:
+        return []
+    rest = argv[argv.index(flag) + 1 :]
+    return rest[: next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+
+def test_the_environment_step_records_versions_without_a_gpu(suite, tmp_path):
+    path = tmp_path / "environment.json"
+    assert suite.main(["--environment", str(path)]) == 0
+    env = json.loads(path.read_text())
+    import torch
+
+    assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
+    assert {"nvidia_smi", "triton", "transformers", "flashdeberta", "ncu", "cpus"} <= set(env)
+
+
+def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
+    """A misspelt --impls row would otherwise be left out of the table without a word."""
+    bench = _module("attention_gpu")
+    with pytest.raises(SystemExit, match="unknown row\\(s\\) \\['triton distanse'\\]"):
+        bench.main(["--smoke", "--impls", "triton", "triton distanse", "--out", str(tmp_path / "a.json")])
+    assert not (tmp_path / "a.json").exists()
+    bench.check_impls(["triton", "triton distance", "sdpa (no position terms)", "flashdeberta", "eager"])
