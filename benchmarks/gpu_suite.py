@@ -17,11 +17,13 @@ each step's cap and what it decides):
 
 Each step runs as a child process in its own process group, its output in ``logs/<step>.log``, and is stopped
 (the whole group: ncu's children too) when its cap or the budget runs out. A step is not started with less than
-its ``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds are
-recorded, to correct them by. The two benchmark scripts are given ``--budget-s`` a margin short of the time they have, so
-that they stop between units and keep everything measured (their results files are rewritten after each unit);
-a step stopped all the same keeps what its results file holds. After each step, ``--out`` receives three files
-(written atomically):
+its ``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds
+are recorded, to correct them by. The two benchmark scripts are given ``--budget-s`` a margin short of the time
+they have, so that they stop between units and keep everything measured (their results files are rewritten
+after each unit); a step stopped all the same keeps what its results file holds. ``--smoke`` runs each step's
+smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests collected, not run; the ncu profile has
+none), to check the plan before a lease. After each step, ``--out`` receives three files (written
+atomically):
 
 * ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
   not started, and the end of its log when it failed;
@@ -34,6 +36,7 @@ its files; ``plot_attention_gpu.py`` draws them).
 Usage::
 
     python benchmarks/gpu_suite.py --list
+    python benchmarks/gpu_suite.py --smoke --out /tmp/suite            # the plan on the CPU, before a lease
     python benchmarks/gpu_suite.py --budget-s 540 --out /tmp/gpu       # the whole plan, in order
     python benchmarks/gpu_suite.py --budget-s 300 --steps ncu tiles --out /tmp/gpu
 
@@ -62,7 +65,10 @@ BENCH = "benchmarks"
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 ROADS = ["triton", "triton distance", "triton skew-forward"]
 CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdeberta"]
-SWEEP_TILES = ["64x32w4s2", "128x64w8s2", "128x128w8s2", "128x32w8s2", "64x64w8s2"]
+# tile shapes given to all three kernels: the GPU tiles of now and shapes the static report
+# (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set
+SWEEP_TILES = ["64x32w4s2", "128x32w8s2", "32x64w4s2"]
+DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of the distance forward and dQ
 # a benchmark script is told to start no unit this long before its step's time is up: its longest unit (a
 # length's rows, compiles included) then ends inside the step, and the script writes its results and exits
 UNIT_MARGIN_S = 60.0
@@ -72,12 +78,13 @@ KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL of a stopped step's group
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One command of the plan. ``argv`` is built per run: it is given the working folder and the seconds the
-    step may take (for a script's own ``--budget-s``)."""
+    """One command of the plan. ``argv`` is built per run: it is given the working folder, the seconds the
+    step may take (for a script's own ``--budget-s``) and whether the run is a smoke run (CPU, tiny shapes),
+    and returns the command, or None where it has no smoke form."""
 
     name: str
     why: str
-    argv: Callable[[Path, float], list[str]]
+    argv: Callable[[Path, float, bool], list[str] | None]
     cap_s: float  # the longest it may run
     min_s: float  # not started with less than this left
 
@@ -90,21 +97,17 @@ def _script_budget(seconds: float) -> str:
     return f"{max(seconds - UNIT_MARGIN_S, 1.0):.0f}"
 
 
-def _attention_gpu(*args: str, out: str) -> Callable[[Path, float], list[str]]:
-    def argv(work: Path, seconds: float) -> list[str]:
-        return _python(
-            f"{BENCH}/attention_gpu.py",
-            *args,
-            "--budget-s",
-            _script_budget(seconds),
-            "--out",
-            str(work / out),
-        )
+def _attention_gpu(*args: str, out: str) -> Callable[[Path, float, bool], list[str]]:
+    def argv(work: Path, seconds: float, smoke: bool) -> list[str]:
+        budget = ["--budget-s", _script_budget(seconds), "--out", str(work / out)]
+        return _python(f"{BENCH}/attention_gpu.py", *args, *budget, *(["--smoke"] if smoke else []))
 
     return argv
 
 
-def _ncu(work: Path, seconds: float) -> list[str]:
+def _ncu(work: Path, seconds: float, smoke: bool) -> list[str] | None:
+    if smoke:  # a profile needs a GPU's counters (the script's tests run it against a stand-in for ncu)
+        return None
     return _python(
         f"{BENCH}/attention_ncu.py",
         "--impls", "triton", "triton distance", "sdpa (no position terms)",
@@ -116,32 +119,36 @@ def _ncu(work: Path, seconds: float) -> list[str]:
     )  # fmt: skip
 
 
-def _pytest(*args: str, xml: str) -> Callable[[Path, float], list[str]]:
-    def argv(work: Path, seconds: float) -> list[str]:
-        return _python("-m", "pytest", *args, "-v", "--junitxml", str(work / xml))
+def _pytest(*args: str, xml: str) -> Callable[[Path, float, bool], list[str]]:
+    def argv(work: Path, seconds: float, smoke: bool) -> list[str]:
+        collect = ["--collect-only"] if smoke else []  # without CUDA the GPU tests would only be skipped
+        return _python("-m", "pytest", *args, "-v", *collect, "--junitxml", str(work / xml))
 
     return argv
 
 
-def _environment(work: Path, seconds: float) -> list[str]:
+def _environment(work: Path, seconds: float, smoke: bool) -> list[str]:
     return _python(f"{BENCH}/gpu_suite.py", "--environment", str(work / "environment.json"))
 
 
+LENGTHS = ["--lengths", "512", "2048", "8192"]
+TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
+TILES = ["--sections", "tiles", *LENGTHS, "--tiles", *SWEEP_TILES]
+DISTANCE_TILES = [
+    "--sections",
+    "tiles",
+    "--near-band",
+    "distance",
+    *LENGTHS,
+    "--tiles",
+    *DISTANCE_SWEEP_TILES,
+]
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
     Step(
         "targets",
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
-        _attention_gpu(
-            "--sections",
-            "attention",
-            "--lengths",
-            *TARGET_LENGTHS,
-            "--impls",
-            *ROADS,
-            *CEILINGS,
-            out="attention_gpu_targets.json",
-        ),  # fmt: skip
+        _attention_gpu(*TARGETS, out="attention_gpu_targets.json"),
         240,
         90,
     ),
@@ -156,54 +163,28 @@ PLAN = [
     Step(
         "profile",
         "GPU time per kernel of the triton rows: the fused kernels against the products around them",
-        _attention_gpu(
-            "--sections", "profile", "--lengths", "512", "2048", "8192", out="attention_gpu_profile.json"
-        ),
+        _attention_gpu("--sections", "profile", *LENGTHS, out="attention_gpu_profile.json"),
         150,
         60,
     ),
     Step(
         "tiles",
         "tile shapes on the tables road (GPU_TILES)",
-        _attention_gpu(
-            "--sections",
-            "tiles",
-            "--lengths",
-            "512",
-            "2048",
-            "8192",
-            "--tiles",
-            *SWEEP_TILES,
-            out="attention_gpu_tiles.json",
-        ),  # fmt: skip
+        _attention_gpu(*TILES, out="attention_gpu_tiles.json"),
         180,
         90,
     ),
     Step(
         "tiles-distance",
         "tile shapes on the distance road",
-        _attention_gpu(
-            "--sections",
-            "tiles",
-            "--near-band",
-            "distance",
-            "--lengths",
-            "512",
-            "2048",
-            "8192",
-            "--tiles",
-            *SWEEP_TILES,
-            out="attention_gpu_tiles_distance.json",
-        ),  # fmt: skip
+        _attention_gpu(*DISTANCE_TILES, out="attention_gpu_tiles_distance.json"),
         180,
         90,
     ),
     Step(
         "dropout",
         "the roads in training with dropout 0.1",
-        _attention_gpu(
-            "--sections", "dropout", "--lengths", "512", "2048", "8192", out="attention_gpu_dropout.json"
-        ),
+        _attention_gpu("--sections", "dropout", *LENGTHS, out="attention_gpu_dropout.json"),
         150,
         60,
     ),
@@ -243,6 +224,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, default=None, help="the working folder (default: a new temp folder)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="each step's smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests collected, "
+        "not run): checks the plan before a lease, its timings mean nothing",
+    )
     p.add_argument("--environment", type=Path, default=None, help=argparse.SUPPRESS)  # the first step's child
     args = p.parse_args(argv)
     unknown = [name for name in args.steps or [] if name not in STEPS]
@@ -347,9 +334,10 @@ def run_plan(
     work: Path,
     budget_s: float,
     report: Callable[[list[dict]], None] = lambda records: None,
+    smoke: bool = False,
 ) -> list[dict]:
-    """Runs ``steps`` in order inside ``budget_s`` seconds; one record per step (skipped ones too), ``report``
-    called with the records so far after each step."""
+    """Runs ``steps`` in order inside ``budget_s`` seconds (their smoke forms with ``smoke``); one record per
+    step (skipped ones too), ``report`` called with the records so far after each step."""
     began = time.monotonic()
     records: list[dict] = []
     for number, step in enumerate(steps, 1):
@@ -362,7 +350,13 @@ def run_plan(
             report(records)
             continue
         timeout = min(step.cap_s, left)
-        argv = step.argv(work, timeout)
+        argv = step.argv(work, timeout, smoke)
+        if argv is None:
+            record.update(status="no smoke form", reason="needs a GPU")
+            print(f"[{number}/{len(steps)}] {step.name}: no smoke form (it needs a GPU)", flush=True)
+            records.append(record)
+            report(records)
+            continue
         log = work / "logs" / f"{step.name}.log"
         print(f"[{number}/{len(steps)}] {step.name} (up to {timeout:.0f} s): {shown(argv)}", flush=True)
         rc, seconds, stopped = run_step(argv, log, timeout)
@@ -434,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for step in steps:
             print(f"{step.name:15} cap {step.cap_s:4.0f} s, min {step.min_s:4.0f} s: {step.why}")
-            print(f"{'':15} {shown(step.argv(Path('WORK'), step.cap_s))}")
+            argv = step.argv(Path("WORK"), step.cap_s, args.smoke)
+            print(f"{'':15} {'(no smoke form)' if argv is None else shown(argv)}")
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-suite-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -444,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args.out, work, records, args.budget_s, names[len(records) :])
 
     report([])  # --out writable before any step
-    records = run_plan(steps, work, args.budget_s, report)
+    records = run_plan(steps, work, args.budget_s, report, smoke=args.smoke)
     report(records)
     print(f"\nwrote {args.out}/gpu_suite.md, gpu_suite.json and gpu_suite.tar.gz (the folder {work})")
     statuses = {r["status"] for r in records}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import tarfile
 import time
@@ -28,7 +29,7 @@ def suite():
 
 
 def _py(code: str):
-    return lambda work, seconds: [sys.executable, "-c", code]
+    return lambda work, seconds, smoke: [sys.executable, "-c", code]
 
 
 def _steps(suite, pid_file: Path):
@@ -86,7 +87,7 @@ def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_n
 def test_a_step_gets_the_budget_left_not_its_whole_cap(suite, tmp_path):
     seen = []
 
-    def argv(work, seconds):
+    def argv(work, seconds, smoke):
         seen.append(seconds)
         return [sys.executable, "-c", "import time; time.sleep(30)"]
 
@@ -139,11 +140,13 @@ def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
     parsers = {"attention_gpu.py": attention_gpu.parse_args, "attention_ncu.py": attention_ncu.parse_args}
     checked = set()
     for step in suite.PLAN:
-        argv = step.argv(tmp_path, step.cap_s)
+        argv = step.argv(tmp_path, step.cap_s, False)
         script = Path(argv[1]).name
         if script in parsers:
             args = parsers[script](argv[2:])
             attention_gpu.check_impls(args.impls)
+            for spec in args.tiles if script == "attention_gpu.py" and "tiles" in args.sections else []:
+                attention_gpu.parse_tiles(spec)
             assert args.budget_s <= step.cap_s - suite.UNIT_MARGIN_S
             assert args.out.parent == tmp_path  # results land in the bundle, not over the committed ones
             checked.add(script)
@@ -151,7 +154,7 @@ def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
             assert all((ROOT / a).exists() for a in argv[3:] if a.startswith("tests/"))
             checked.add("pytest")
     assert checked == {"attention_gpu.py", "attention_ncu.py", "pytest"}
-    sections = {a for step in suite.PLAN for a in _after(step.argv(tmp_path, 100), "--sections")}
+    sections = {a for step in suite.PLAN for a in _after(step.argv(tmp_path, 100, False), "--sections")}
     assert sections <= set(attention_gpu.SECTIONS)
 
 
@@ -179,3 +182,20 @@ def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
         bench.main(["--smoke", "--impls", "triton", "triton distanse", "--out", str(tmp_path / "a.json")])
     assert not (tmp_path / "a.json").exists()
     bench.check_impls(["triton", "triton distance", "sdpa (no position terms)", "flashdeberta", "eager"])
+
+
+def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
+    """`--smoke` checks the plan before a lease: the targets step measures every road and ceiling it names
+    (under the interpreter, tiny shapes), the GPU tests are collected, and the profile, which needs a GPU's
+    counters, is listed as having no smoke form."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    steps = ["environment", "targets", "ncu", "gpu-tests"]
+    assert suite.main(["--smoke", "--steps", *steps, "--out", str(out), "--work", str(work)]) == 0
+    records = {r["step"]: r for r in json.loads((out / "gpu_suite.json").read_text())["steps"]}
+    assert [records[s]["status"] for s in steps] == ["ok", "ok", "no smoke form", "ok"]
+    targets = json.loads((work / "attention_gpu_targets.json").read_text())
+    assert targets["complete"] and targets["smoke"]
+    measured = {r["impl"] for r in targets["rows"] if "fwd_bwd_ms" in r}
+    assert measured >= {*suite.ROADS, *suite.CEILINGS} - {"flashdeberta"}  # flashdeberta: GPU only
+    collected = re.search(r"(\d+)/\d+ tests collected", (work / "logs" / "gpu-tests.log").read_text())
+    assert collected and int(collected.group(1)) > 0  # the GPU tests, by their marker
