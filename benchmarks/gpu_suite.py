@@ -12,6 +12,7 @@ each step's cap and what it decides):
 3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
 4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
 5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around them);
+   ``folds``: the backward's fold products at the distance buffers' padded row stride and at the unpadded one;
 6. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
 7. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
 
@@ -166,6 +167,13 @@ PLAN = [
         _attention_gpu("--sections", "profile", *LENGTHS, out="attention_gpu_profile.json"),
         150,
         60,
+    ),
+    Step(
+        "folds",
+        "the backward's four fold products at the padded row stride and the unpadded one: whether it pays",
+        _attention_gpu("--sections", "folds", "--lengths", "512", "4096", out="attention_gpu_folds.json"),
+        90,
+        30,
     ),
     Step(
         "tiles",
