@@ -5,7 +5,8 @@ GPU time comes in short leases, and a machine's start costs minutes: what a leas
 here, run as one command, and stops starting work before the lease ends. The plan (``--list`` prints it, with
 each step's cap and what it decides):
 
-1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight Compute;
+1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
+   Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the three near-band
    roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and which
    road should be the default;
@@ -223,7 +224,13 @@ STEPS = {step.name: step for step in PLAN}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--budget-s", type=float, default=540.0, help="start no step that would end after this")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="seconds for the whole plan: a step running when they are spent is stopped, and none starts with "
+        "less than its least time left",
+    )
     p.add_argument(
         "--steps", nargs="+", default=None, help=f"run these, in this order (default: all of {list(STEPS)})"
     )
@@ -253,7 +260,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------------- environment
-def _command_output(argv: list[str]) -> str | None:
+def _command_output(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -263,16 +270,20 @@ def _command_output(argv: list[str]) -> str | None:
 
 def environment() -> dict:
     """What the numbers of this run hold for: the GPU as nvidia-smi reports it (name, driver, clocks, power
-    limit), the Python packages, and Nsight Compute."""
+    limit), the Python packages, Nsight Compute, and the kernels' code (the static report's hash of it, which
+    holds where the checkout travelled without its git history)."""
     import importlib.metadata
 
     sys.path.insert(0, str(ROOT / BENCH))
     import attention_ncu
+    import triton_static
 
     env: dict = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
+        "kernel_source_hash": triton_static.kernel_source_hash(),
+        "git_commit": _command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "nvidia_smi": _command_output(
             [
                 "nvidia-smi",
