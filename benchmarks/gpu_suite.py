@@ -28,7 +28,8 @@ none), to check the plan before a lease. After each step, ``--out`` receives thr
 atomically):
 
 * ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
-  not started, and the end of its log when it failed;
+  not started, and the end of its log when it failed; then the target checks (``verdicts``) of each results
+  file of `attention_gpu.py`;
 * ``gpu_suite.tar.gz``: the working folder (``--work``, default a new temp folder): every step's results file
   (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log.
 
@@ -401,7 +402,23 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
-def summary_md(records: list[dict], budget_s: float, pending: list[str]) -> str:
+def verdicts(work: Path) -> dict[str, list[str]]:
+    """The target checks each `attention_gpu.py` results file in ``work`` holds (its ``verdicts``), by file:
+    what a lease found, readable in the summary without unpacking the bundle."""
+    found = {}
+    for path in sorted(work.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):  # being written by a step stopped mid-way: the bundle has it
+            continue
+        if isinstance(data, dict) and data.get("verdicts"):
+            found[path.name] = list(data["verdicts"])
+    return found
+
+
+def summary_md(
+    records: list[dict], budget_s: float, pending: list[str], checks: dict[str, list[str]] | None = None
+) -> str:
     lines = [
         f"# GPU suite, {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
@@ -421,15 +438,20 @@ def summary_md(records: list[dict], budget_s: float, pending: list[str]) -> str:
             lines += ["", f"`{r['step']}`: `{r['command']}`"]
         if r.get("log_tail"):
             lines += ["", "```", r["log_tail"], "```"]
+    for name, lines_of_file in (checks or {}).items():
+        lines += ["", f"## Verdicts of `{name}`", "", *(f"- {line}" for line in lines_of_file)]
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, pending: list[str]) -> None:
     """The summary (JSON and Markdown) and the bundle of ``work``, each written atomically into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    data = {"budget_s": budget_s, "steps": records, "not_reached": pending}
+    checks = verdicts(work)
+    data = {"budget_s": budget_s, "steps": records, "not_reached": pending, "verdicts": checks}
     _atomic_write(out / "gpu_suite.json", lambda p: p.write_text(json.dumps(data, indent=1) + "\n"))
-    _atomic_write(out / "gpu_suite.md", lambda p: p.write_text(summary_md(records, budget_s, pending)))
+    _atomic_write(
+        out / "gpu_suite.md", lambda p: p.write_text(summary_md(records, budget_s, pending, checks))
+    )
 
     def bundle(path: Path) -> None:
         with tarfile.open(path, "w:gz") as tar:

@@ -118,6 +118,28 @@ def test_main_writes_the_summary_and_the_bundle(suite, tmp_path, monkeypatch, co
     assert {f"gpu_suite/logs/{s.name}.log" for s in steps} <= set(names)
 
 
+def test_the_summary_shows_the_target_checks_of_the_results_files(suite, tmp_path, monkeypatch):
+    """A lease's outcome is read first in the summary: each results file's ``verdicts``, not its rows."""
+    line = "triton N=512: forward 15.9 TFLOP/s (target >= 60): MISSED"
+
+    def writes(work, seconds, smoke):
+        results = {"rows": [], "verdicts": [line]}
+        code = f"open({str(work / 'attention_gpu_targets.json')!r}, 'w').write({json.dumps(results)!r})"
+        return [sys.executable, "-c", code]
+
+    steps = [suite.Step("targets", "", writes, cap_s=30, min_s=0)]
+    monkeypatch.setattr(suite, "PLAN", steps)
+    monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (work / "torn.json").write_text('{"verdicts": ["cut')  # a file a stopped step left half-written
+    assert suite.main(["--out", str(out), "--work", str(work)]) == 0
+    assert json.loads((out / "gpu_suite.json").read_text())["verdicts"] == {
+        "attention_gpu_targets.json": [line]
+    }
+    assert f"## Verdicts of `attention_gpu_targets.json`\n\n- {line}" in (out / "gpu_suite.md").read_text()
+
+
 def test_main_runs_the_steps_named_and_refuses_unknown_ones(suite, tmp_path, monkeypatch, capsys):
     steps = [suite.Step(name, name, _py(f"print({name!r})"), cap_s=30, min_s=0) for name in ("a", "b", "c")]
     monkeypatch.setattr(suite, "PLAN", steps)
@@ -192,7 +214,8 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     steps = ["environment", "targets", "ncu", "gpu-tests"]
     assert suite.main(["--smoke", "--steps", *steps, "--out", str(out), "--work", str(work)]) == 0
-    records = {r["step"]: r for r in json.loads((out / "gpu_suite.json").read_text())["steps"]}
+    summary = json.loads((out / "gpu_suite.json").read_text())
+    records = {r["step"]: r for r in summary["steps"]}
     assert [records[s]["status"] for s in steps] == ["ok", "ok", "no smoke form", "ok"]
     targets = json.loads((work / "attention_gpu_targets.json").read_text())
     assert targets["complete"] and targets["smoke"]
