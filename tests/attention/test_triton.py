@@ -1829,6 +1829,7 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
     import json
 
     bench = _benchmark_module()
+    road = triton_backend.NEAR_BAND  # the default, restored after the sweep
     seen = []
     real = triton_backend.tiles_for
 
@@ -1855,7 +1856,7 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
     split = next(i for i, (_, skew, _) in enumerate(seen) if not skew)
     assert all(skew for _, skew, _ in seen[:split]) and not any(skew for _, skew, _ in seen[split:])
     assert ("_dq_kernel", False, (32, 16)) in swept
-    assert triton_backend.NEAR_BAND == "tables" and not triton_backend.TILE_OVERRIDES  # restored
+    assert triton_backend.NEAR_BAND == road and not triton_backend.TILE_OVERRIDES  # restored
 
 
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
@@ -2578,11 +2579,13 @@ def test_tensor_core_tables_equal_float32_products_gpu(dtype):
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's loads")
-def test_record_run_sees_every_tile_load_at_the_addresses_of_its_tensors():
+def test_record_run_sees_every_tile_load_at_the_addresses_of_its_tensors(monkeypatch):
     """`triton_access.record_run` (what `benchmarks/triton_memory.py` reads) under the interpreter: each kernel's
-    first launch, and per tile the K block's addresses inside k's storage and the near band's gathers."""
+    first launch, and per tile the K block's addresses inside k's storage and the near band's gathers (on the
+    tables road, whatever the default road)."""
     from debertakit.attention.triton_access import record_run
 
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", "tables")
     c = GRID["n70_saturating"]
     geom = _geometry(c, DEVICE)
     q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
