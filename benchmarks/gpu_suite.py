@@ -72,8 +72,9 @@ CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdebe
 # (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set
 SWEEP_TILES = ["64x32w4s2", "128x32w8s2", "32x64w4s2"]
 DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of the distance forward and dQ
-# a benchmark script is told to start no unit this long before its step's time is up: its longest unit (a
-# length's rows, compiles included) then ends inside the step, and the script writes its results and exits
+# a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
+# (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
+# results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
 UNIT_MARGIN_S = 60.0
 LOG_TAIL_LINES = 25  # lines of a failed step's log in the summary
 KILL_GRACE_S = 10.0  # between SIGTERM and SIGKILL of a stopped step's group
