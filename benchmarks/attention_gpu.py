@@ -365,7 +365,7 @@ def attention_row_names() -> list[str]:
 
 
 def check_impls(impls: list[str] | None) -> None:
-    """``--impls`` names rows the attention section builds: a misspelt one would be left out without a word."""
+    """``--impls`` names rows the attention section builds: a misspelt row would be dropped silently."""
     known = attention_row_names()
     unknown = [name for name in impls or [] if name not in known]
     if unknown:

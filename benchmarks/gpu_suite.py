@@ -1,5 +1,5 @@
-"""One GPU session's measurements in one command: the steps in the order of what they decide, inside one time
-budget, every result and log in one bundle.
+"""One GPU session's measurements in one command: the steps in the order of what they decide, inside one
+time budget, every result and log in one bundle.
 
 GPU time comes in short leases, and a machine's start costs minutes: what a lease should measure is prepared
 here, run as one command, and stops starting work before the lease ends. The plan (``--list`` prints it, with
@@ -8,30 +8,32 @@ each step's cap and what it decides):
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the three near-band
-   roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and which
-   road should be the default;
+   roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and
+   which road should be the default;
 3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
 4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
-5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around them);
-   ``folds``: the backward's fold products at the distance buffers' padded row stride and at the unpadded one;
-6. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
-7. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
+5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
+   them);
+6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
+7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
+8. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
 
-Each step runs as a child process in its own process group, its output in ``logs/<step>.log``, and is stopped
-(the whole group: ncu's children too) when its cap or the budget runs out. A step is not started with less than
-its ``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds
-are recorded, to correct them by. The two benchmark scripts are given ``--budget-s`` a margin short of the time
-they have, so that they stop between units and keep everything measured (their results files are rewritten
-after each unit); a step stopped all the same keeps what its results file holds. ``--smoke`` runs each step's
-smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests collected, not run; the ncu profile has
-none), to check the plan before a lease. After each step, ``--out`` receives three files (written
-atomically):
+Each step runs as a child process in its own process group, its output in ``logs/<step>.log``. When its cap
+or the budget runs out, or the suite itself is interrupted, the group is stopped: SIGTERM, a grace period,
+then SIGKILL to whatever of it is left (ncu's children too). A step is not started with less than its
+``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds are
+recorded, to correct them by. The benchmark scripts are given ``--budget-s`` a margin short of the time they
+have, so that they stop between units and keep everything measured (their results files are rewritten after
+each unit); a unit stopped all the same (an ncu profile may take longer than the margin) loses only itself.
+``--smoke`` runs each step's smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests
+collected, not run; the ncu profile has none), to check the plan before a lease. After each step, ``--out``
+receives three files (written atomically):
 
 * ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
   not started, and the end of its log when it failed; then the target checks (``verdicts``) of each results
   file of `attention_gpu.py`;
-* ``gpu_suite.tar.gz``: the working folder (``--work``, default a new temp folder): every step's results file
-  (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log.
+* ``gpu_suite.tar.gz``: the working folder (``--work``: empty or new, not holding ``--out``; by default a new
+  temp folder): every step's results file (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log.
 
 Unpack the bundle and copy a results file into ``benchmarks/results/`` (``attention_gpu.py --combine`` joins
 its files; ``plot_attention_gpu.py`` draws them).
@@ -43,8 +45,9 @@ Usage::
     python benchmarks/gpu_suite.py --budget-s 540 --out /tmp/gpu       # the whole plan, in order
     python benchmarks/gpu_suite.py --budget-s 300 --steps ncu tiles --out /tmp/gpu
 
-Exit status: 0 when every step ran and succeeded, 1 when one failed or was stopped, 3 when steps were left for
-want of time (``--steps`` runs them in a later lease).
+The budget bounds the steps; stopping the last one (up to 10 s) and writing the bundle come on top. Exit
+status: 0 when every step ran and succeeded, 1 when one failed or was stopped, 3 when steps were not started
+for want of time or a benchmark script left units of its own (``--steps`` runs them in a later lease).
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ class Step:
     argv: Callable[[Path, float, bool], list[str] | None]
     cap_s: float  # the longest it may run
     min_s: float  # not started with less than this left
+    # a benchmark script given --budget-s, whose exit status 3 means units left for want of time (pytest's 3
+    # is an internal error)
+    budgeted: bool = False
 
 
 def _python(*args: str) -> list[str]:
@@ -98,7 +104,9 @@ def _python(*args: str) -> list[str]:
 
 
 def _script_budget(seconds: float) -> str:
-    return f"{max(seconds - UNIT_MARGIN_S, 1.0):.0f}"
+    """A benchmark script's own ``--budget-s`` for a step of ``seconds``: short of them by the unit margin, or
+    by half where that is less (a step started with little time left still runs a unit or more)."""
+    return f"{max(seconds - min(UNIT_MARGIN_S, seconds / 2), 1.0):.0f}"
 
 
 def _attention_gpu(*args: str, out: str) -> Callable[[Path, float, bool], list[str]]:
@@ -155,8 +163,9 @@ PLAN = [
         _attention_gpu(*TARGETS, out="attention_gpu_targets.json"),
         240,
         90,
+        budgeted=True,
     ),
-    Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100),
+    Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100, budgeted=True),
     Step(
         "gpu-tests",
         "the grid at real sizes on every road, dropout, CUDA graphs, no host syncs, N = 65536",
@@ -170,6 +179,7 @@ PLAN = [
         _attention_gpu("--sections", "profile", *LENGTHS, out="attention_gpu_profile.json"),
         150,
         60,
+        budgeted=True,
     ),
     Step(
         "folds",
@@ -177,6 +187,7 @@ PLAN = [
         _attention_gpu("--sections", "folds", "--lengths", "512", "4096", out="attention_gpu_folds.json"),
         90,
         30,
+        budgeted=True,
     ),
     Step(
         "tiles",
@@ -184,6 +195,7 @@ PLAN = [
         _attention_gpu(*TILES, out="attention_gpu_tiles.json"),
         180,
         90,
+        budgeted=True,
     ),
     Step(
         "tiles-distance",
@@ -191,6 +203,7 @@ PLAN = [
         _attention_gpu(*DISTANCE_TILES, out="attention_gpu_tiles_distance.json"),
         180,
         90,
+        budgeted=True,
     ),
     Step(
         "dropout",
@@ -198,6 +211,7 @@ PLAN = [
         _attention_gpu("--sections", "dropout", *LENGTHS, out="attention_gpu_dropout.json"),
         150,
         60,
+        budgeted=True,
     ),
     Step(
         "model",
@@ -205,6 +219,7 @@ PLAN = [
         _attention_gpu("--sections", "model", "packed", out="attention_gpu_model.json"),
         240,
         90,
+        budgeted=True,
     ),
     Step(
         "latency",
@@ -212,6 +227,7 @@ PLAN = [
         _attention_gpu("--sections", "latency", out="attention_gpu_latency.json"),
         120,
         45,
+        budgeted=True,
     ),
     Step(
         "long",
@@ -219,6 +235,7 @@ PLAN = [
         _attention_gpu("--sections", "long", out="attention_gpu_long.json"),
         150,
         60,
+        budgeted=True,
     ),
 ]
 STEPS = {step.name: step for step in PLAN}
@@ -230,8 +247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-s",
         type=float,
         default=540.0,
-        help="seconds for the whole plan: a step running when they are spent is stopped, and none starts with "
-        "less than its least time left",
+        help="seconds for the whole plan: a step running when they are spent is stopped, and none starts "
+        "with less than its least time left",
     )
     p.add_argument(
         "--steps", nargs="+", default=None, help=f"run these, in this order (default: all of {list(STEPS)})"
@@ -312,7 +329,7 @@ def shown(argv: list[str]) -> str:
 
 def run_step(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None, float, bool]:
     """Runs ``argv`` from the repository's root in a process group of its own, its output into ``log``; past
-    ``timeout_s`` the whole group is stopped (SIGTERM, then SIGKILL). Returns (exit status, seconds, stopped)."""
+    ``timeout_s`` the whole group is stopped (`_stop_group`). Returns (exit status, seconds, stopped)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with log.open("w") as sink:
@@ -329,20 +346,25 @@ def run_step(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None, 
             stopped = True
             rc = _stop_group(proc)
             sink.write(f"\n[gpu_suite] stopped after {timeout_s:.0f} s\n")
+        except BaseException:  # the suite itself interrupted: its step must not run on unseen
+            _stop_group(proc)
+            raise
     return rc, time.monotonic() - began, stopped
 
 
 def _stop_group(proc: subprocess.Popen) -> int | None:
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            return proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.poll()
+    """SIGTERM to the step's process group, a grace period for its leader to write what it measured, then
+    SIGKILL to whatever of the group is left (children that ignore SIGTERM, or outlive their parent)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=KILL_GRACE_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group is gone
+        pass
+    return proc.wait()
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -381,7 +403,8 @@ def run_plan(
         log = work / "logs" / f"{step.name}.log"
         print(f"[{number}/{len(steps)}] {step.name} (up to {timeout:.0f} s): {shown(argv)}", flush=True)
         rc, seconds, stopped = run_step(argv, log, timeout)
-        status = "stopped" if stopped else "ok" if rc == 0 else "left units" if rc == 3 else "failed"
+        left_units = step.budgeted and rc == 3
+        status = "stopped" if stopped else "ok" if rc == 0 else "left units" if left_units else "failed"
         record.update(
             command=shown(argv), rc=rc, seconds=round(seconds, 1), status=status, log=f"logs/{log.name}"
         )
@@ -461,6 +484,21 @@ def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, p
     _atomic_write(out / "gpu_suite.tar.gz", bundle)
 
 
+def _work_folder(work: Path | None, out: Path) -> Path:
+    """The steps' folder, absolute (the steps run from the repository's root): a new temp folder, or ``work``,
+    which must be empty (a results file of another run would be bundled and its verdicts summarised as this
+    run's) and must not hold ``out`` (each bundle would hold the one before)."""
+    if work is None:
+        return Path(tempfile.mkdtemp(prefix="gpu-suite-"))
+    work = work.resolve()
+    if work.exists() and any(work.iterdir()):
+        raise SystemExit(f"--work {work}: not empty; give an empty or new folder")
+    if out.resolve().is_relative_to(work):
+        raise SystemExit(f"--out {out} lies inside --work {work}: the bundle would take in its own outputs")
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.environment is not None:
@@ -473,16 +511,14 @@ def main(argv: list[str] | None = None) -> int:
             argv = step.argv(Path("WORK"), step.cap_s, args.smoke)
             print(f"{'':15} {'(no smoke form)' if argv is None else shown(argv)}")
         return 0
-    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-suite-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = _work_folder(args.work, args.out)
     names = [step.name for step in steps]
 
     def report(records: list[dict]) -> None:
         write_outputs(args.out, work, records, args.budget_s, names[len(records) :])
 
-    report([])  # --out writable before any step
+    report([])  # --out writable before any step; then after each step (`run_plan`)
     records = run_plan(steps, work, args.budget_s, report, smoke=args.smoke)
-    report(records)
     print(f"\nwrote {args.out}/gpu_suite.md, gpu_suite.json and gpu_suite.tar.gz (the folder {work})")
     statuses = {r["status"] for r in records}
     if statuses & {"failed", "stopped"}:

@@ -1,5 +1,5 @@
-"""`benchmarks/gpu_suite.py` without a GPU: the budgeted run of a plan (steps stopped, failed, not started), its
-summary and bundle, and the real plan's commands as the scripts they call parse them."""
+"""`benchmarks/gpu_suite.py` without a GPU: the budgeted run of a plan (steps stopped, failed, not started),
+its summary and bundle, and the real plan's commands as the scripts they call parse them."""
 
 from __future__ import annotations
 
@@ -32,20 +32,24 @@ def _py(code: str):
     return lambda work, seconds, smoke: [sys.executable, "-c", code]
 
 
+def _spawning(pid_file: Path) -> str:
+    """A step's code that starts a grandchild ignoring SIGTERM (it writes its pid once it does), then sleeps:
+    stopping only the step, or the group by SIGTERM alone, would leave the grandchild running."""
+    grandchild = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    return f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
+
+
 def _steps(suite, pid_file: Path):
     Step = suite.Step
-    # the stopped step starts a grandchild that would outlive it if only the step itself were killed
-    spawn = (
-        "import subprocess, sys, time; "
-        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(60)"
-    )
     return [
         Step("ok", "succeeds", _py("print('measured')"), cap_s=30, min_s=0),
         Step(
             "broken", "fails", _py("import sys; print('boom: no such row'); sys.exit(2)"), cap_s=30, min_s=0
         ),
-        Step("slow", "outlasts its cap", _py(spawn), cap_s=3, min_s=0),
+        Step("slow", "outlasts its cap", _py(_spawning(pid_file)), cap_s=8, min_s=0),
         Step("late", "needs more than is left", _py("print('never')"), cap_s=30, min_s=10_000),
     ]
 
@@ -60,6 +64,16 @@ def _alive(pid: int) -> bool:
     return not (status.exists() and "zombie" in status.read_text())
 
 
+def _stopped(pid_file: Path) -> bool:
+    """Whether the grandchild whose pid ``pid_file`` holds is gone (waiting a little for init to reap it)."""
+    assert pid_file.exists(), "the grandchild never started: the test proves nothing"
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(grandchild)
+
+
 def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_not_fit(suite, tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     reports = []
@@ -67,7 +81,7 @@ def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_n
     records = suite.run_plan(
         _steps(suite, pid_file), tmp_path, budget_s=120, report=lambda r: reports.append(len(r))
     )
-    assert time.monotonic() - began < 60  # the slow step's 60 s sleep was cut at its 3 s cap
+    assert time.monotonic() - began < 60  # the slow step's 60 s sleep was cut at its 8 s cap
     assert [r["step"] for r in records] == ["ok", "broken", "slow", "late"]
     assert [r["status"] for r in records] == ["ok", "failed", "stopped", "not started"]
     assert reports == [1, 2, 3, 4]  # the summary is rewritten after every step
@@ -75,13 +89,44 @@ def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_n
     assert ok["rc"] == 0 and "log_tail" not in ok
     assert "measured" in (tmp_path / ok["log"]).read_text()
     assert broken["rc"] == 2 and "boom: no such row" in broken["log_tail"]
-    assert slow["seconds"] < 30 and "stopped after 3 s" in (tmp_path / slow["log"]).read_text()
-    grandchild = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(grandchild), "the stopped step's own children must be stopped with it"
+    assert slow["seconds"] < 30 and "stopped after 8 s" in (tmp_path / slow["log"]).read_text()
+    assert _stopped(pid_file), "the stopped step's own children must be stopped with it, SIGTERM or not"
     assert "needs 10000" in late["reason"] and "command" not in late
+
+
+def test_an_interrupted_suite_stops_the_step_it_was_running(suite, tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) to the suite while it waits for a step: the step's group is stopped, not orphaned
+    (it runs in a session of its own, out of the terminal's reach)."""
+    pid_file = tmp_path / "grandchild.pid"
+    real_wait = suite.subprocess.Popen.wait
+    calls = []
+
+    def interrupted_wait(self, timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:  # the suite's wait for the step: interrupted once the grandchild is up
+            deadline = time.monotonic() + 20
+            while not pid_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(suite.subprocess.Popen, "wait", interrupted_wait)
+    argv = [sys.executable, "-c", _spawning(pid_file)]
+    with pytest.raises(KeyboardInterrupt):
+        suite.run_step(argv, tmp_path / "step.log", timeout_s=60)
+    assert _stopped(pid_file)
+
+
+def test_exit_status_3_means_units_left_only_for_a_budgeted_script(suite, tmp_path):
+    """The benchmark scripts exit 3 when their budget left units; pytest's 3 is an internal error."""
+    Step = suite.Step
+    steps = [
+        Step("bench", "", _py("raise SystemExit(3)"), cap_s=30, min_s=0, budgeted=True),
+        Step("tests", "", _py("print('INTERNALERROR'); raise SystemExit(3)"), cap_s=30, min_s=0),
+    ]
+    bench, tests = suite.run_plan(steps, tmp_path, budget_s=60)
+    assert bench["status"] == "left units" and "log_tail" not in bench
+    assert tests["status"] == "failed" and "INTERNALERROR" in tests["log_tail"]
 
 
 def test_a_step_gets_the_budget_left_not_its_whole_cap(suite, tmp_path):
@@ -97,16 +142,33 @@ def test_a_step_gets_the_budget_left_not_its_whole_cap(suite, tmp_path):
     assert records[0]["status"] == "stopped" and records[0]["seconds"] < 15
 
 
+def _writes(name: str, text: str):
+    """A step that writes ``text`` into ``name`` in the working folder it is given (it runs from the
+    repository's root, so the folder must reach it as an absolute path)."""
+    return lambda work, seconds, smoke: [
+        sys.executable, "-c", f"open({str(work / name)!r}, 'w').write({text!r})"
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("codes", "expected"),
-    [(["pass"], 0), (["pass", "raise SystemExit(1)"], 1), (["raise SystemExit(3)"], 3)],
+    [
+        ([("pass", 0)], 0),
+        ([("pass", 0), ("raise SystemExit(1)", 0)], 1),
+        ([("pass", 0), ("pass", 10_000)], 3),  # the second step does not fit the budget
+    ],
 )
 def test_main_writes_the_summary_and_the_bundle(suite, tmp_path, monkeypatch, codes, expected):
-    steps = [suite.Step(f"s{i}", f"step {i}", _py(code), cap_s=30, min_s=0) for i, code in enumerate(codes)]
+    steps = [
+        suite.Step(f"s{i}", f"step {i}", _py(code), cap_s=30, min_s=least)
+        for i, (code, least) in enumerate(codes)
+    ]
+    steps.append(suite.Step("results", "writes a results file", _writes("r.json", "{}"), cap_s=30, min_s=0))
     monkeypatch.setattr(suite, "PLAN", steps)
     monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
-    out, work = tmp_path / "out", tmp_path / "work"
-    assert suite.main(["--budget-s", "60", "--out", str(out), "--work", str(work)]) == expected
+    monkeypatch.chdir(tmp_path)  # a relative --work, from elsewhere than the root the steps run from
+    out = tmp_path / "out"
+    assert suite.main(["--budget-s", "60", "--out", str(out), "--work", "work"]) == expected
     assert sorted(p.name for p in out.iterdir()) == ["gpu_suite.json", "gpu_suite.md", "gpu_suite.tar.gz"]
     data = json.loads((out / "gpu_suite.json").read_text())
     assert [s["step"] for s in data["steps"]] == [s.name for s in steps] and data["not_reached"] == []
@@ -115,24 +177,35 @@ def test_main_writes_the_summary_and_the_bundle(suite, tmp_path, monkeypatch, co
         assert f"| {s.name} |" in md and s.why in md
     with tarfile.open(out / "gpu_suite.tar.gz") as tar:
         names = tar.getnames()
-    assert {f"gpu_suite/logs/{s.name}.log" for s in steps} <= set(names)
+    ran = [s.name for s, r in zip(steps, data["steps"]) if "command" in r]
+    assert {f"gpu_suite/logs/{name}.log" for name in ran} <= set(names)
+    assert "gpu_suite/r.json" in names  # the results a step wrote, in the bundle
+
+
+def test_main_refuses_a_working_folder_that_would_mix_runs(suite, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(SystemExit, match="--out .* lies inside --work"):
+        suite.main(["--out", str(work / "out"), "--work", str(work)])
+    (work / "attention_gpu_targets.json").write_text("{}")  # another run's results
+    with pytest.raises(SystemExit, match="not empty"):
+        suite.main(["--out", str(tmp_path / "out"), "--work", str(work)])
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_summary_shows_the_target_checks_of_the_results_files(suite, tmp_path, monkeypatch):
     """A lease's outcome is read first in the summary: each results file's ``verdicts``, not its rows."""
     line = "triton N=512: forward 15.9 TFLOP/s (target >= 60): MISSED"
 
-    def writes(work, seconds, smoke):
-        results = {"rows": [], "verdicts": [line]}
-        code = f"open({str(work / 'attention_gpu_targets.json')!r}, 'w').write({json.dumps(results)!r})"
-        return [sys.executable, "-c", code]
-
-    steps = [suite.Step("targets", "", writes, cap_s=30, min_s=0)]
+    steps = [
+        suite.Step(
+            "targets", "", _writes("attention_gpu_targets.json", json.dumps({"verdicts": [line]})), 30, 0
+        ),
+        suite.Step("torn", "", _writes("torn.json", '{"verdicts": ["cut'), 30, 0),  # a stopped step's file
+    ]
     monkeypatch.setattr(suite, "PLAN", steps)
     monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
     out, work = tmp_path / "out", tmp_path / "work"
-    work.mkdir()
-    (work / "torn.json").write_text('{"verdicts": ["cut')  # a file a stopped step left half-written
     assert suite.main(["--out", str(out), "--work", str(work)]) == 0
     assert json.loads((out / "gpu_suite.json").read_text())["verdicts"] == {
         "attention_gpu_targets.json": [line]
@@ -157,7 +230,9 @@ def test_main_runs_the_steps_named_and_refuses_unknown_ones(suite, tmp_path, mon
 
 def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
     """Every benchmark step's arguments parse in the script it calls, name rows the attention section builds,
-    and give the script a budget that ends before the step is stopped; the test step names real tests."""
+    and give the script a budget that leaves a margin before the step is stopped, at its cap and at its least
+    time; the steps that take a budget are those whose exit status 3 means units left; the test step names
+    real tests."""
     attention_gpu, attention_ncu = _module("attention_gpu"), _module("attention_ncu")
     parsers = {"attention_gpu.py": attention_gpu.parse_args, "attention_ncu.py": attention_ncu.parse_args}
     checked = set()
@@ -169,10 +244,15 @@ def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
             attention_gpu.check_impls(args.impls)
             for spec in args.tiles if script == "attention_gpu.py" and "tiles" in args.sections else []:
                 attention_gpu.parse_tiles(spec)
-            assert args.budget_s <= step.cap_s - suite.UNIT_MARGIN_S
+            assert args.budget_s <= step.cap_s - min(suite.UNIT_MARGIN_S, step.cap_s / 2)
             assert args.out.parent == tmp_path  # results land in the bundle, not over the committed ones
+            least = parsers[script](step.argv(tmp_path, step.min_s, False)[2:]).budget_s
+            assert 1 < least <= step.min_s / 2  # started late, a step still measures, and stops in time
+            assert step.budgeted
             checked.add(script)
-        elif argv[1:3] == ["-m", "pytest"]:
+        else:
+            assert not step.budgeted and "--budget-s" not in argv
+        if argv[1:3] == ["-m", "pytest"]:
             assert all((ROOT / a).exists() for a in argv[3:] if a.startswith("tests/"))
             checked.add("pytest")
     assert checked == {"attention_gpu.py", "attention_ncu.py", "pytest"}
@@ -209,7 +289,7 @@ def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
 
 def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     """`--smoke` checks the plan before a lease: the targets step measures every road and ceiling it names
-    (under the interpreter, tiny shapes), the GPU tests are collected, and the profile, which needs a GPU's
+    (under the interpreter, tiny shapes), the GPU tests are collected, and the ncu profile, which needs a GPU's
     counters, is listed as having no smoke form."""
     out, work = tmp_path / "out", tmp_path / "work"
     steps = ["environment", "targets", "ncu", "gpu-tests"]
