@@ -117,6 +117,11 @@ def _attention_gpu(*args: str, out: str) -> Callable[[Path, float, bool], list[s
     return argv
 
 
+def _bench(name: str, why: str, cap_s: float, min_s: float, *args: str, out: str) -> Step:
+    """A step running `attention_gpu.py` with ``args``, its results in ``out`` in the working folder."""
+    return Step(name, why, _attention_gpu(*args, out=out), cap_s, min_s, budgeted=True)
+
+
 def _ncu(work: Path, seconds: float, smoke: bool) -> list[str] | None:
     if smoke:  # a profile needs a GPU's counters (the script's tests run it against a stand-in for ncu)
         return None
@@ -157,13 +162,10 @@ DISTANCE_TILES = [
 ]
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
-    Step(
+    _bench(
         "targets",
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
-        _attention_gpu(*TARGETS, out="attention_gpu_targets.json"),
-        240,
-        90,
-        budgeted=True,
+        240, 90, *TARGETS, out="attention_gpu_targets.json",
     ),
     Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100, budgeted=True),
     Step(
@@ -173,71 +175,40 @@ PLAN = [
         300,
         120,
     ),
-    Step(
+    _bench(
         "profile",
         "GPU time per kernel of the triton rows: the fused kernels against the products around them",
-        _attention_gpu("--sections", "profile", *LENGTHS, out="attention_gpu_profile.json"),
-        150,
-        60,
-        budgeted=True,
+        150, 60, "--sections", "profile", *LENGTHS, out="attention_gpu_profile.json",
     ),
-    Step(
+    _bench(
         "folds",
         "the backward's four fold products at the padded row stride and the unpadded one: whether it pays",
-        _attention_gpu("--sections", "folds", "--lengths", "512", "4096", out="attention_gpu_folds.json"),
-        90,
-        30,
-        budgeted=True,
+        90, 30, "--sections", "folds", "--lengths", "512", "4096", out="attention_gpu_folds.json",
     ),
-    Step(
-        "tiles",
-        "tile shapes on the tables road (GPU_TILES)",
-        _attention_gpu(*TILES, out="attention_gpu_tiles.json"),
-        180,
-        90,
-        budgeted=True,
+    _bench(
+        "tiles", "tile shapes on the tables road (GPU_TILES)", 180, 90, *TILES, out="attention_gpu_tiles.json"
     ),
-    Step(
-        "tiles-distance",
-        "tile shapes on the distance road",
-        _attention_gpu(*DISTANCE_TILES, out="attention_gpu_tiles_distance.json"),
-        180,
-        90,
-        budgeted=True,
+    _bench(
+        "tiles-distance", "tile shapes on the distance road", 180, 90, *DISTANCE_TILES,
+        out="attention_gpu_tiles_distance.json",
     ),
-    Step(
-        "dropout",
-        "the roads in training with dropout 0.1",
-        _attention_gpu("--sections", "dropout", *LENGTHS, out="attention_gpu_dropout.json"),
-        150,
-        60,
-        budgeted=True,
+    _bench(
+        "dropout", "the roads in training with dropout 0.1", 150, 60, "--sections", "dropout", *LENGTHS,
+        out="attention_gpu_dropout.json",
     ),
-    Step(
-        "model",
-        "whole-model tokens/s (v3-base shape) and packed batches",
-        _attention_gpu("--sections", "model", "packed", out="attention_gpu_model.json"),
-        240,
-        90,
-        budgeted=True,
+    _bench(
+        "model", "whole-model tokens/s (v3-base shape) and packed batches", 240, 90, "--sections", "model",
+        "packed", out="attention_gpu_model.json",
     ),
-    Step(
-        "latency",
-        "one request's latency: host time per operator and function, GPU syncs",
-        _attention_gpu("--sections", "latency", out="attention_gpu_latency.json"),
-        120,
-        45,
-        budgeted=True,
+    _bench(
+        "latency", "one request's latency: host time per operator and function, GPU syncs", 120, 45,
+        "--sections", "latency", out="attention_gpu_latency.json",
     ),
-    Step(
-        "long",
-        "batch 1 at N = 16384 ... 65536: runs, memory linear in N",
-        _attention_gpu("--sections", "long", out="attention_gpu_long.json"),
-        150,
-        60,
-        budgeted=True,
+    _bench(
+        "long", "batch 1 at N = 16384 ... 65536: runs, memory linear in N", 150, 60, "--sections", "long",
+        out="attention_gpu_long.json",
     ),
-]
+]  # fmt: skip
 STEPS = {step.name: step for step in PLAN}
 
 
