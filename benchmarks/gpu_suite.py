@@ -68,6 +68,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = "benchmarks"
+sys.path[:0] = [str(ROOT), str(ROOT / BENCH)]  # the package and the scripts beside this one, from a checkout
+
+from debertakit.convert.checkpoint import atomic_write  # noqa: E402
+
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 ROADS = ["triton", "triton distance", "triton skew-forward"]
 CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdeberta"]
@@ -259,34 +263,28 @@ def _command_output(argv: list[str]) -> str:
 
 
 def environment() -> dict:
-    """What the numbers of this run hold for: the GPU as nvidia-smi reports it (name, driver, clocks, power
-    limit), the Python packages, Nsight Compute, and the kernels' code (the static report's hash of it, which
-    holds where the checkout travelled without its git history)."""
-    import importlib.metadata
-
-    sys.path.insert(0, str(ROOT / BENCH))
+    """What the numbers of this run hold for: the GPU benchmark's record of the machine and versions
+    (`attention_gpu.environment`), the GPU as nvidia-smi reports it (driver, clocks, power limit), Nsight
+    Compute, and the kernels' code (the static report's hash of it, which holds where the checkout travelled
+    without its git history)."""
+    import attention_gpu
     import attention_ncu
+    import torch
     import triton_static
 
-    env: dict = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "python": sys.version.split()[0],
-        "cpus": os.cpu_count(),
-        "kernel_source_hash": triton_static.kernel_source_hash(),
-        "git_commit": _command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
-        "nvidia_smi": _command_output(
+    env = attention_gpu.environment("cuda" if torch.cuda.is_available() else "cpu")
+    env.update(
+        cpus=os.cpu_count(),
+        kernel_source_hash=triton_static.kernel_source_hash(),
+        git_commit=_command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        nvidia_smi=_command_output(
             [
                 "nvidia-smi",
                 "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm,power.limit",
                 "--format=csv",
             ]
         ),
-    }
-    for package in ("torch", "triton", "transformers", "flashdeberta"):
-        try:
-            env[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            env[package] = None
+    )
     ncu = attention_ncu.find_ncu(None)
     env["ncu"] = ncu and {"path": ncu, "version": _command_output([ncu, "--version"])}
     return env
@@ -356,33 +354,20 @@ def run_plan(
     records: list[dict] = []
     for number, step in enumerate(steps, 1):
         left = budget_s - (time.monotonic() - began)
+        timeout = min(step.cap_s, left)
+        argv = step.argv(work, timeout, smoke) if left >= step.min_s else None
         record: dict = {"step": step.name, "why": step.why}
         if left < step.min_s:
             record.update(status="not started", reason=f"{left:.0f} s left, needs {step.min_s:.0f}")
-            print(f"[{number}/{len(steps)}] {step.name}: not started ({record['reason']})", flush=True)
-            records.append(record)
-            report(records)
-            continue
-        timeout = min(step.cap_s, left)
-        argv = step.argv(work, timeout, smoke)
-        if argv is None:
+        elif argv is None:
             record.update(status="no smoke form", reason="needs a GPU")
-            print(f"[{number}/{len(steps)}] {step.name}: no smoke form (it needs a GPU)", flush=True)
-            records.append(record)
-            report(records)
-            continue
-        log = work / "logs" / f"{step.name}.log"
-        print(f"[{number}/{len(steps)}] {step.name} (up to {timeout:.0f} s): {shown(argv)}", flush=True)
-        rc, seconds, stopped = run_step(argv, log, timeout)
-        left_units = step.budgeted and rc == 3
-        status = "stopped" if stopped else "ok" if rc == 0 else "left units" if left_units else "failed"
-        record.update(
-            command=shown(argv), rc=rc, seconds=round(seconds, 1), status=status, log=f"logs/{log.name}"
-        )
-        if status not in ("ok", "left units"):
-            record["log_tail"] = _tail(log)
+        else:
+            print(f"[{number}/{len(steps)}] {step.name} (up to {timeout:.0f} s): {shown(argv)}", flush=True)
+            record.update(_execute(step, argv, work / "logs" / f"{step.name}.log", timeout))
+        outcome = record.get("reason") or f"rc {record['rc']}, {record['seconds']:.0f} s"
+        left = budget_s - (time.monotonic() - began)
         print(
-            f"    {status}, rc {rc}, {seconds:.0f} s ({budget_s - (time.monotonic() - began):.0f} s left)",
+            f"[{number}/{len(steps)}] {step.name}: {record['status']} ({outcome}; {left:.0f} s left)",
             flush=True,
         )
         records.append(record)
@@ -390,13 +375,21 @@ def run_plan(
     return records
 
 
+def _execute(step: Step, argv: list[str], log: Path, timeout: float) -> dict:
+    """Runs one step's command (`run_step`): its record's command, exit status, seconds, status and log (with
+    the log's end where it failed)."""
+    rc, seconds, stopped = run_step(argv, log, timeout)
+    left_units = step.budgeted and rc == 3
+    status = "stopped" if stopped else "ok" if rc == 0 else "left units" if left_units else "failed"
+    record = dict(
+        command=shown(argv), rc=rc, seconds=round(seconds, 1), status=status, log=f"logs/{log.name}"
+    )
+    if status not in ("ok", "left units"):
+        record["log_tail"] = _tail(log)
+    return record
+
+
 # ------------------------------------------------------------------------------------------------- outputs
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def verdicts(work: Path) -> dict[str, list[str]]:
     """The target checks each `attention_gpu.py` results file in ``work`` holds (its ``verdicts``), by file:
     what a lease found, readable in the summary without unpacking the bundle."""
@@ -443,16 +436,16 @@ def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, p
     out.mkdir(parents=True, exist_ok=True)
     checks = verdicts(work)
     data = {"budget_s": budget_s, "steps": records, "not_reached": pending, "verdicts": checks}
-    _atomic_write(out / "gpu_suite.json", lambda p: p.write_text(json.dumps(data, indent=1) + "\n"))
-    _atomic_write(
-        out / "gpu_suite.md", lambda p: p.write_text(summary_md(records, budget_s, pending, checks))
+    atomic_write(out / "gpu_suite.json", lambda p: Path(p).write_text(json.dumps(data, indent=1) + "\n"))
+    atomic_write(
+        out / "gpu_suite.md", lambda p: Path(p).write_text(summary_md(records, budget_s, pending, checks))
     )
 
-    def bundle(path: Path) -> None:
+    def bundle(path: str) -> None:
         with tarfile.open(path, "w:gz") as tar:
             tar.add(work, arcname="gpu_suite")
 
-    _atomic_write(out / "gpu_suite.tar.gz", bundle)
+    atomic_write(out / "gpu_suite.tar.gz", bundle)
 
 
 def _work_folder(work: Path | None, out: Path) -> Path:
