@@ -20,7 +20,9 @@ Sections (all bfloat16 on one CUDA device):
    ``triton skew-forward``, with "skew-forward": the forward's near band computed from the position tables inside
    the kernel instead of gathered from N×R products (the backward as in ``triton``); ``triton skew``, with
    "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the four rows decide
-   the default.
+   the default. ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off: where no far tile
+   occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of them empty, as
+   before the one near run; from N = 1024 on it runs the same kernels as ``triton`` (a control of the noise).
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
    output's largest difference from ``triton``'s (default tiles) on the same inputs, relative to the largest
    value; above 2e-2 (the tests' bfloat16 tolerance) a verdict says its timing is of other work. The
@@ -299,6 +301,8 @@ def _attention_rows(
     if "triton" in candidates:
         for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
+        three_runs = _with_backend_settings(candidates["triton"][0], ONE_NEAR_RUN=False)
+        candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
     if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
         triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
 
@@ -352,6 +356,9 @@ def _attention_rows(
 # the `triton` kernels without position terms: plain attention through the same loops and tiles, the ceiling
 # their far tiles (which add one value per row and per column) can reach, next to sdpa's
 PLAIN_ROW = "triton (no position terms)"
+# `triton` with the loops cut into three runs where no far tile occurs (`triton_backend.ONE_NEAR_RUN` off): at
+# N <= 512 (v3) what the one near run changes; from 1024 on the same kernels as `triton`, a control of the noise
+THREE_RUNS_ROW = "triton (three runs)"
 SDPA_ROW = "sdpa (no position terms)"  # the ceiling: plain attention, PyTorch's fused kernels
 HF_ROW = "hf eager layer (incl. projections)"
 OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, HF_ROW)  # other math
@@ -361,7 +368,15 @@ def attention_row_names() -> list[str]:
     """Every row the attention section can build, where its backend or package is present."""
     from debertakit.attention import available_backends
 
-    return [*available_backends(), *NEAR_BAND_ROWS, PLAIN_ROW, SDPA_ROW, "flashdeberta", HF_ROW]
+    return [
+        *available_backends(),
+        *NEAR_BAND_ROWS,
+        THREE_RUNS_ROW,
+        PLAIN_ROW,
+        SDPA_ROW,
+        "flashdeberta",
+        HF_ROW,
+    ]
 
 
 def check_impls(impls: list[str] | None) -> None:

@@ -73,7 +73,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / BENCH)]  # the package and the scripts bes
 from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
-ROADS = ["triton", "triton distance", "triton skew-forward"]
+# the near-band roads, and `triton` with three runs per loop where no far tile occurs (as before the one near run:
+# `attention_gpu.THREE_RUNS_ROW`)
+ROADS = ["triton", "triton (three runs)", "triton distance", "triton skew-forward"]
 CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdeberta"]
 # tile shapes given to all three kernels: the GPU tiles of now and shapes the static report
 # (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set

@@ -29,7 +29,7 @@ STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) acti
 ALIGNED_INTS = {*STRIDES, "DW"}
 INTS = {"H", "B", "NQ", "NK", "R", "LOG2_BAND", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
 FLOATS = {"scale", "drop_scale"}
-FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW", "DIST")
+FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW", "DIST", "FAR_TILES")
 # with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16
 # (`triton_backend._distance_tables`)
 DISTANCE_TABLES = {"ROW", "COL"}

@@ -165,6 +165,11 @@ TILE_OVERRIDES: dict[str, Tiles] = {}
 # dropout.
 NEAR_BAND_MODES = ("tables", "distance", "skew-forward", "skew")
 NEAR_BAND = "tables"
+# Where no far tile may occur (`_far_tiles`: v3 inputs of N <= 512, packed rows of such sequences) the kernels
+# run each program's loop as one near run (`triton_kernels._NEAR_ONLY`); False compiles the three runs of longer
+# inputs there too (two of them empty), as before: `benchmarks/attention_gpu.py`'s row "triton (three runs)"
+# times the difference.
+ONE_NEAR_RUN = True
 # The skewed kernels' tiles per head dim, from the static report (largest spill-free under every Triton version),
 # without and with dropout; a kernel missing from a table is not served skewed there.
 SKEW_TILES = {
@@ -496,10 +501,21 @@ def _position_args(pos_q: Tensor | None, pos_k: Tensor | None, skew: bool, fallb
 
 
 def _flags(
-    q: Tensor, row: Tensor | None, col: Tensor | None, q_seg, k_mask, causal: bool, ij: bool, dropout: bool
+    q: Tensor,
+    row: Tensor | None,
+    col: Tensor | None,
+    q_seg,
+    k_mask,
+    causal: bool,
+    ij: bool,
+    dropout: bool,
+    far_tiles: bool,
 ) -> dict:
+    """The kernels' feature flags (constexprs). FAR_TILES (`_far_tiles`): without it a program's loop is one near
+    run, whose backward sums no saturated pair (`triton_kernels._NEAR_ONLY`; `ONE_NEAR_RUN`)."""
     return dict(
         IJ=ij,
+        FAR_TILES=far_tiles or not ONE_NEAR_RUN,
         DROPOUT=dropout,
         HAS_ROW=row is not None,
         HAS_COL=col is not None,
@@ -726,7 +742,7 @@ def _fwd_op(
             q_pos, k_pos, _or_unused(q_seg, dev), _or_unused(k_seg, dev), _or_unused(k_mask, dev),
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
-            HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0),
+            HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
     return out, lse
@@ -859,7 +875,7 @@ def _bwd_op(
         # as the tables are, zero where no pair lands
         dq_dist = _distance_buffer(H, B * NQ, DW, q.dtype, dev, ij) if row is not None else None
         dk_dist = _distance_buffer(H, B * NK, DW, q.dtype, dev, ij) if col is not None else None
-        flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0))
+        flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles))
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
         t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)

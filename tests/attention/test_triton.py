@@ -91,6 +91,9 @@ GRID = {
     "causal_padding": Case(n=33, batch=2, causal=True, key_lengths=(33, 20)),
     "packed": Case(n=70, cu_seqlens=(0, 5, 38, 40, 66)),
     "packed_causal": Case(n=70, cu_seqlens=(0, 17, 50, 70), causal=True),
+    # sequences shorter than the saturation in a row longer than it: no far tile (one near run per program),
+    # and near tiles holding hidden pairs 16 or more apart
+    "packed_short_sequences": Case(n=70, cu_seqlens=(0, 12, 20, 35, 50, 66)),
     "cross_nq_lt_nk": Case(n=20, n_k=45),
     "cross_nq_gt_nk": Case(n=45, n_k=20, rel=CLAMP),
     "explicit_positions": Case(n=20, n_k=45, q_offset=25, causal=True),
@@ -2576,6 +2579,43 @@ def test_tensor_core_tables_equal_float32_products_gpu(dtype):
     want = torch.matmul(q.double(), table.double()).float()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
+@pytest.mark.parametrize(
+    "name, far_tiles",
+    [
+        ("n7", False),  # shorter than the saturation (16)
+        ("packed_short_sequences", False),  # a longer row, its sequences shorter
+        ("n70_saturating", True),
+        ("packed", True),  # a sequence of 33
+        ("explicit_positions", True),  # not at distance i - j: tiles classified as they come
+    ],
+)
+def test_kernels_are_told_whether_a_far_tile_may_occur(name, far_tiles):
+    """Every kernel's launch carries FAR_TILES (`triton_backend._far_tiles`): false where no visible pair lies
+    the saturation or more apart, where each program's loop is then one near run whose backward sums no
+    saturated pair (`triton_kernels._NEAR_ONLY`); the grid's comparisons with eager run both kinds."""
+    from debertakit.attention.triton_access import record_run
+
+    c = GRID[name]
+    with record_run("triton_kernels.py") as (_, launches):
+        _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
+    told = {kernel: kwargs["FAR_TILES"] for kernel, (_, kwargs) in launches.items()}
+    assert told == dict.fromkeys(triton_backend.KERNEL_NAMES, far_tiles)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
+@pytest.mark.parametrize("name", ["n7", "packed_short_sequences"])
+def test_three_runs_where_no_far_tile_occurs_match_eager(monkeypatch, name):
+    """`ONE_NEAR_RUN` off (the benchmark's "triton (three runs)" row): inputs without far tiles run the three
+    runs of longer ones, two of them empty, as before the one near run; against eager."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "ONE_NEAR_RUN", False)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(GRID[name], torch.float32, DEVICE)
+    assert all(kwargs["FAR_TILES"] for _, kwargs in launches.values())
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's loads")
