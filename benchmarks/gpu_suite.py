@@ -8,8 +8,9 @@ each step's cap and what it decides):
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the three near-band
-   roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and
-   which road should be the default;
+   roads, ``triton (three runs)`` (what the one near run of short inputs changes), our kernels without
+   position terms, sdpa (the ceiling) and flashdeberta: the issue's targets and which road should be the
+   default;
 3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
 4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
 5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around

@@ -250,7 +250,7 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
         threads = 32 * int(tiles.split()[1][1:])
         for version in sorted({r["triton"] for r in rows}):
             plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
-            sets = (*_SETS, *_DIST_SETS, "short", "short+dist")
+            sets = (*_SETS, *_DIST_SETS, *(name for name, f in _SHORT_SETS.items() if not f["DROPOUT"]))
             for feature in ("plain", *sets) if kernel == "_fwd_kernel" else sets:
                 loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
                 if not loops:

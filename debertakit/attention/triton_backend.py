@@ -1144,6 +1144,7 @@ def triton_attention(
         sat = rel.saturation
         if not explicit or geom.cu_seqlens is not None:
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
+        far_tiles = _far_tiles(geom, ij, sat, NQ, NK)
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
         lo, hi, lut = geom.cached(
             ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
@@ -1151,7 +1152,7 @@ def triton_attention(
         if (c2p or p2c) and _uses_distance(ij, p2p):
             # one layout for both directions: from the tiles of the three kernels (those they run with dropout)
             tiles = [tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES]
-            layout = _distance_layout(sat, NQ, NK, tiles, _far_tiles(geom, ij, sat, NQ, NK), D, B)
+            layout = _distance_layout(sat, NQ, NK, tiles, far_tiles, D, B)
             band = layout[0]
             cells = geom.cached(
                 ("triton-cells", rel, sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
@@ -1160,6 +1161,7 @@ def triton_attention(
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
         sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
+        far_tiles = _far_tiles(geom, ij, sat, NQ, NK)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1
     q = _kernel_layout(q)
     k = _kernel_layout(k.to(q.dtype))
@@ -1199,7 +1201,7 @@ def triton_attention(
         p2p,
         bool(geom.causal),
         ij,
-        _far_tiles(geom, ij, sat, NQ, NK),
+        far_tiles,
         drop_t,
         band,
     )
