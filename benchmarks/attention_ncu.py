@@ -33,6 +33,7 @@ Usage::
     python benchmarks/attention_ncu.py --impls triton "triton (no position terms)" --lengths 8192 \
         --tiles 64x32w4s2 128x64w8s2                                      # each row at each tile shape
     python benchmarks/attention_ncu.py --ncu /opt/nvidia/nsight-compute/2025.3.1/ncu
+    python benchmarks/attention_ncu.py --resummarize old.json --raw-dir pages --out new.json  # no GPU: pages again
 
 Needs CUDA and Nsight Compute with access to the counters (root, or a driver that allows profiling); without
 either it exits with a message and writes nothing.
@@ -104,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--timeout-s", type=float, default=300.0, help="per profile")
     p.add_argument("--budget-s", type=float, default=None, help="start no profile after this many seconds")
+    p.add_argument(
+        "--resummarize",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="summarise this results file again from the pages in --raw-dir (no GPU needed) into --out",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: the row to run under ncu
     p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-tiles", default=None, help=argparse.SUPPRESS)
@@ -169,14 +177,36 @@ def _number(text: str) -> float | str:
         return text
 
 
-_TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# What the units row's units are worth in the summary's units (durations in microseconds, sizes in bytes). ncu
+# spells them either way, by version and by the value's size: Nsight Compute 2025.3 on an H200 wrote "ms" and
+# "us" for durations and "Mbyte" for DRAM bytes, where older pages say "nsecond" and "byte".
+_TIME_UNITS = {
+    **{"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6},
+    **{"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
+}
+_BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+# the metrics converted, and the units they are converted by (a unit not listed is an error, not a guess)
+_SCALED = {
+    "gpu__time_duration.sum": _TIME_UNITS,
+    "dram__bytes_read.sum": _BYTE_UNITS,
+    "dram__bytes_write.sum": _BYTE_UNITS,
+}
+
+
+def _scaled(name: str, value: float, unit: str) -> float:
+    """``value`` of metric ``name`` in the summary's unit; a page without a units row (unit "") is taken as
+    already in it."""
+    units = _SCALED[name]
+    if unit and unit not in units:
+        raise ValueError(f"ncu gave {name} in {unit!r}; expected one of {sorted(units)}")
+    return value * units.get(unit, 1.0)
 
 
 def parse_raw(text: str) -> list[dict]:
     """``ncu --import R --page raw --csv``: one dict per profiled kernel, metric name -> value (numbers parsed;
-    ``gpu__time_duration.sum`` converted to microseconds whatever unit the units row gives). The first row
-    names the columns, the second gives their units; lines before the header (ncu's own messages) are
-    skipped."""
+    ``gpu__time_duration.sum`` converted to microseconds and the DRAM bytes to bytes, whatever unit the units
+    row gives: `_SCALED`). The first row names the columns, the second gives their units; lines before the
+    header (ncu's own messages) are skipped."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -190,9 +220,9 @@ def parse_raw(text: str) -> list[dict]:
             continue
         metrics = {name: _number(cell) for name, cell in zip(header, row)}
         metrics["Kernel Name"] = row[header.index("Kernel Name")]
-        duration = "gpu__time_duration.sum"
-        if duration in header and isinstance(metrics[duration], float):
-            metrics[duration] *= _TIME_UNITS.get(units[header.index(duration)], 1.0)
+        for name in _SCALED.keys() & metrics.keys():
+            if isinstance(metrics[name], float):
+                metrics[name] = _scaled(name, metrics[name], units[header.index(name)])
         kernels.append(metrics)
     return kernels
 
@@ -393,10 +423,34 @@ def profile(ncu: str, args: argparse.Namespace, impl: str, n: int, tiles: str | 
         pages[page] = text
     if "raw" not in pages:
         return {**entry, "error": entry.pop("raw_error")}
+    return _summarized(entry, pages, args.kernels)
+
+
+def _summarized(entry: dict, pages: dict[str, str], kernels_regex: str) -> dict:
+    """``entry`` with the summary of its profile's pages (the raw one, and the source one where there is one)."""
     kernels = summarize(parse_raw(pages["raw"]), parse_source(pages.get("source", "")))
     if not kernels:
-        return {**entry, "error": f"no kernel matched --kernels {args.kernels!r}"}
+        return {**entry, "error": f"no kernel matched --kernels {kernels_regex!r}"}
     return {**entry, "kernels": kernels}
+
+
+def resummarize(results: dict, raw_dir: Path, kernels_regex: str) -> dict:
+    """A results file summarised again from the pages its profiles kept in ``raw_dir`` (``<slug>.raw.csv``,
+    ``.source.csv``): what a mended parser reads in them, without profiling again. Rows that failed, or whose raw
+    page is missing, stay as they were."""
+    rows = []
+    for row in results["rows"]:
+        slug = _slug(row["impl"], row["n"], row.get("tiles"))
+        raw = raw_dir / f"{slug}.raw.csv"
+        if "error" in row or not raw.is_file():
+            rows.append(row)
+            continue
+        pages = {"raw": raw.read_text()}
+        if (source := raw_dir / f"{slug}.source.csv").is_file():
+            pages["source"] = source.read_text()
+        entry = {k: v for k, v in row.items() if k != "kernels"}
+        rows.append(_summarized(entry, pages, kernels_regex))
+    return {**results, "rows": rows}
 
 
 def _fmt_bytes(x: float | None) -> str:
@@ -470,6 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
         return run_child(args)
+    if args.resummarize is not None:
+        if args.raw_dir is None:
+            print("--resummarize needs --raw-dir, the folder of the profiles' pages", file=sys.stderr)
+            return 2
+        results = resummarize(json.loads(args.resummarize.read_text()), args.raw_dir, args.kernels)
+        write(args.out, results["environment"], results["rows"], results["pending"])
+        print(f"wrote {args.out} and {args.out.with_suffix('.md')} from the pages in {args.raw_dir}")
+        return 0
     import attention_gpu
     import torch
 

@@ -34,7 +34,8 @@ receives three files (written atomically):
   not started, and the end of its log when it failed; then the target checks (``verdicts``) of each results
   file of `attention_gpu.py`;
 * ``gpu_suite.tar.gz``: the working folder (``--work``: empty or new, not holding ``--out``; by default a new
-  temp folder): every step's results file (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log.
+  temp folder): every step's results file (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log;
+  packed again only after a step that ran (a step not started changes nothing in it).
 
 Unpack the bundle and copy a results file into ``benchmarks/results/`` (``attention_gpu.py --combine`` joins
 its files; ``plot_attention_gpu.py`` draws them).
@@ -348,11 +349,12 @@ def run_plan(
     steps: list[Step],
     work: Path,
     budget_s: float,
-    report: Callable[[list[dict]], None] = lambda records: None,
+    report: Callable[[list[dict], bool], None] = lambda records, ran: None,
     smoke: bool = False,
 ) -> list[dict]:
     """Runs ``steps`` in order inside ``budget_s`` seconds (their smoke forms with ``smoke``); one record per
-    step (skipped ones too), ``report`` called with the records so far after each step."""
+    step (skipped ones too), ``report`` called with the records so far after each step and whether that step
+    ran (whether the work folder may have changed)."""
     began = time.monotonic()
     records: list[dict] = []
     for number, step in enumerate(steps, 1):
@@ -374,7 +376,7 @@ def run_plan(
             flush=True,
         )
         records.append(record)
-        report(records)
+        report(records, "rc" in record)
     return records
 
 
@@ -434,8 +436,13 @@ def summary_md(
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, pending: list[str]) -> None:
-    """The summary (JSON and Markdown) and the bundle of ``work``, each written atomically into ``out``."""
+def write_outputs(
+    out: Path, work: Path, records: list[dict], budget_s: float, pending: list[str], bundle: bool = True
+) -> None:
+    """The summary (JSON and Markdown) and, with ``bundle``, the bundle of ``work``, each written atomically
+    into ``out``. A step not started changes nothing in ``work``: its record needs the summary alone. (On an
+    H200 lease of 2026-11-26 each rewrite of a bundle holding six ncu reports took about 9 s, and five steps
+    not started after the budget ran out rewrote it five times, past the lease's end.)"""
     out.mkdir(parents=True, exist_ok=True)
     checks = verdicts(work)
     data = {"budget_s": budget_s, "steps": records, "not_reached": pending, "verdicts": checks}
@@ -444,11 +451,13 @@ def write_outputs(out: Path, work: Path, records: list[dict], budget_s: float, p
         out / "gpu_suite.md", lambda p: Path(p).write_text(summary_md(records, budget_s, pending, checks))
     )
 
-    def bundle(path: str) -> None:
-        with tarfile.open(path, "w:gz") as tar:
+    def pack(path: str) -> None:
+        # the fastest gzip level: ncu's reports are compressed already, and the bundle is written after each step
+        with tarfile.open(path, "w:gz", compresslevel=1) as tar:
             tar.add(work, arcname="gpu_suite")
 
-    atomic_write(out / "gpu_suite.tar.gz", bundle)
+    if bundle:
+        atomic_write(out / "gpu_suite.tar.gz", pack)
 
 
 def _work_folder(work: Path | None, out: Path) -> Path:
@@ -481,8 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     work = _work_folder(args.work, args.out)
     names = [step.name for step in steps]
 
-    def report(records: list[dict]) -> None:
-        write_outputs(args.out, work, records, args.budget_s, names[len(records) :])
+    def report(records: list[dict], ran: bool = True) -> None:
+        write_outputs(args.out, work, records, args.budget_s, names[len(records) :], bundle=ran)
 
     report([])  # --out writable before any step; then after each step (`run_plan`)
     records = run_plan(steps, work, args.budget_s, report, smoke=args.smoke)

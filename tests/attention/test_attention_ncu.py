@@ -224,3 +224,57 @@ def test_run_profiles_each_row_and_length_and_records_what_fails(tmp_path, monke
     assert ncu.main([*common, "--impls", "triton", "--lengths", "512", *tiles, "--budget-s", "0"]) == 3
     result = json.loads(out.read_text())
     assert result["rows"] == [] and result["pending"] == ["triton 64x32w4s2 N=512", "triton 128x64w8s2 N=512"]
+
+
+def _with_units(raw: str, time_unit: str, byte_unit: str) -> str:
+    """``RAW`` with its duration in ``time_unit`` and two DRAM byte columns in ``byte_unit``."""
+    lines = raw.splitlines()
+    lines[1] += ',"dram__bytes_read.sum","dram__bytes_write.sum"'
+    lines[2] = lines[2].replace('"nsecond"', f'"{time_unit}"') + f',"{byte_unit}","{byte_unit}"'
+    lines[3] = lines[3].replace('"1,612,345"', '"1.612345"') + ',"636.7","24.5"'
+    lines[4] = lines[4].replace('"2,700,000"', '"2.7"') + ',"775.0","518.1"'
+    return "\n".join(lines) + "\n"
+
+
+def test_raw_page_units_as_a_newer_ncu_spells_them():
+    # Nsight Compute 2025.3 writes "ms" / "us" for durations and "Mbyte" for the DRAM bytes: read as
+    # "msecond" they were taken for microseconds, and the bytes for bytes (1.7 µs and 0 MB in the summary)
+    ncu = _module()
+    fwd, dq = ncu.parse_raw(_with_units(RAW, "ms", "Mbyte"))
+    assert fwd["gpu__time_duration.sum"] == pytest.approx(1612.345)  # microseconds
+    assert dq["gpu__time_duration.sum"] == pytest.approx(2700.0)
+    assert fwd["dram__bytes_read.sum"] == pytest.approx(636.7e6)
+    assert dq["dram__bytes_write.sum"] == pytest.approx(518.1e6)
+    fwd, _ = ncu.parse_raw(_with_units(RAW, "us", "Gbyte"))
+    assert fwd["gpu__time_duration.sum"] == pytest.approx(1.612345)
+    assert fwd["dram__bytes_read.sum"] == pytest.approx(636.7e9)
+    with pytest.raises(ValueError, match="'fortnight'"):
+        ncu.parse_raw(_with_units(RAW, "fortnight", "byte"))
+
+
+def test_results_are_summarised_again_from_the_kept_pages(tmp_path):
+    ncu = _module()
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "triton-n512.raw.csv").write_text(_with_units(RAW, "ms", "Mbyte"))
+    (pages / "triton-n512.source.csv").write_text(SOURCE)
+    stale = {**ncu.summarize(ncu.parse_raw(RAW), [])[0], "us": 1.612345}  # what the old parser made of "ms"
+    rows = [
+        {"impl": "triton", "n": 512, "tiles": None, "batch": 32, "seconds": 9.0, "kernels": [stale]},
+        {"impl": "flashdeberta", "n": 512, "tiles": None, "batch": 32, "error": "ncu exit 1"},
+        {"impl": "triton distance", "n": 512, "tiles": None, "batch": 32, "kernels": [stale]},  # no pages
+    ]
+    old = tmp_path / "old.json"
+    old.write_text(
+        json.dumps({"environment": {"device": "test"}, "complete": True, "pending": [], "rows": rows})
+    )
+    out = tmp_path / "new.json"
+    assert ncu.main(["--resummarize", str(old), "--raw-dir", str(pages), "--out", str(out)]) == 0
+    triton, fd, dist = json.loads(out.read_text())["rows"]
+    assert triton["seconds"] == 9.0 and triton["batch"] == 32
+    assert [k["us"] for k in triton["kernels"]] == pytest.approx([1612.345, 2700.0])
+    assert triton["kernels"][0]["dram_read_bytes"] == pytest.approx(636.7e6)
+    assert triton["kernels"][0]["source"]["loops"][0]["samples_share"] == round(44 / 45, 4)
+    assert fd == rows[1] and dist == rows[2]  # failed, or without pages: as they were
+    assert "| triton | 512 | _fwd_kernel | 1612.3 |" in out.with_suffix(".md").read_text()
+    assert ncu.main(["--resummarize", str(old), "--out", str(out)]) == 2  # no --raw-dir

@@ -79,12 +79,13 @@ def test_run_plan_runs_steps_in_order_stops_a_whole_group_and_leaves_what_does_n
     reports = []
     began = time.monotonic()
     records = suite.run_plan(
-        _steps(suite, pid_file), tmp_path, budget_s=120, report=lambda r: reports.append(len(r))
+        _steps(suite, pid_file), tmp_path, budget_s=120, report=lambda r, ran: reports.append((len(r), ran))
     )
     assert time.monotonic() - began < 60  # the slow step's 60 s sleep was cut at its 8 s cap
     assert [r["step"] for r in records] == ["ok", "broken", "slow", "late"]
     assert [r["status"] for r in records] == ["ok", "failed", "stopped", "not started"]
-    assert reports == [1, 2, 3, 4]  # the summary is rewritten after every step
+    # the summary is rewritten after every step; the bundle only after a step that ran
+    assert reports == [(1, True), (2, True), (3, True), (4, False)]
     ok, broken, slow, late = records
     assert ok["rc"] == 0 and "log_tail" not in ok
     assert "measured" in (tmp_path / ok["log"]).read_text()
@@ -180,6 +181,27 @@ def test_main_writes_the_summary_and_the_bundle(suite, tmp_path, monkeypatch, co
     ran = [s.name for s, r in zip(steps, data["steps"]) if "command" in r]
     assert {f"gpu_suite/logs/{name}.log" for name in ran} <= set(names)
     assert "gpu_suite/r.json" in names  # the results a step wrote, in the bundle
+
+
+def test_steps_not_started_rewrite_the_summary_but_not_the_bundle(suite, tmp_path, monkeypatch):
+    """After the budget runs out the remaining steps are recorded as not started: they change nothing in the
+    work folder, so the bundle (seconds to write with ncu's reports in it) is not packed again for each."""
+    steps = [suite.Step("ran", "runs", _writes("r.json", "{}"), cap_s=30, min_s=0)]
+    steps += [suite.Step(f"late{i}", "does not fit", _py("pass"), cap_s=30, min_s=10_000) for i in range(3)]
+    monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
+    written = []
+    real = suite.atomic_write
+    monkeypatch.setattr(suite, "atomic_write", lambda path, fn: (written.append(path.name), real(path, fn)))
+    out = tmp_path / "out"
+    names = [s.name for s in steps]
+    assert suite.main(["--steps", *names, "--out", str(out), "--work", str(tmp_path / "w")]) == 3
+    # before any step, then after each: the summary five times, the bundle before any step and after "ran"
+    assert written.count("gpu_suite.md") == written.count("gpu_suite.json") == 5
+    assert written.count("gpu_suite.tar.gz") == 2
+    with tarfile.open(out / "gpu_suite.tar.gz") as tar:
+        assert "gpu_suite/r.json" in tar.getnames()
+    statuses = [s["status"] for s in json.loads((out / "gpu_suite.json").read_text())["steps"]]
+    assert statuses == ["ok", "not started", "not started", "not started"]
 
 
 def test_main_refuses_a_working_folder_that_would_mix_runs(suite, tmp_path):
