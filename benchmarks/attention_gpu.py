@@ -14,15 +14,19 @@ Sections (all bfloat16 on one CUDA device):
    own loops and tiles: a far tile costs that plus one value per row and column; its distance to sdpa is the
    kernels' loop, its distance to ``triton`` the position terms; without dropout, so not in ``dropout``),
    ``flashdeberta`` where it imports, and Hugging Face's eager ``DisentangledSelfAttention`` module (which also
-   runs the q/k/v and position projections: its time includes them). ``triton distance`` is ``triton`` with
-   `triton_backend.NEAR_BAND` = "distance": the near band read from the N×R products laid out by distance (two
-   strided tile loads per near tile instead of gathered cells; forward and backward, with dropout too);
-   ``triton skew-forward``, with "skew-forward": the forward's near band computed from the position tables inside
-   the kernel instead of gathered from N×R products (the backward as in ``triton``); ``triton skew``, with
-   "skew", computes it so in the backward kernels too (where `SKEW_TILES` serves them); the four rows decide
-   the default. ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off: where no far tile
-   occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of them empty, as
-   before the one near run; from N = 1024 on it runs the same kernels as ``triton`` (a control of the noise).
+   runs the q/k/v and position projections: its time includes them). ``triton`` runs the default near-band
+   road (`triton_backend.NEAR_BAND`, recorded in the environment as ``near_band``); the road rows run one each:
+   ``triton tables`` ("tables": the near band gathered cell by cell from float32 N×R products),
+   ``triton distance`` ("distance": read from the same products laid out by distance, two strided tile loads
+   per near tile; forward and backward, with dropout too), ``triton skew-forward`` ("skew-forward": the
+   forward's near band computed from the position tables inside the kernel, the backward as on the tables road)
+   and ``triton skew`` ("skew": so in the backward kernels too, where `SKEW_TILES` serves them); they decide the
+   default (`road_rows`: the one that is the default is left out of the runs that time every road).
+   ``triton (cuBLAS tables)`` is ``triton`` with the distance tables built by one batched matmul
+   (`triton_backend.DISTANCE_PRODUCT` "cublas", one-element aligned at their odd row stride) instead of
+   `triton_products`' kernel. ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
+   where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
+   them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
    output's largest difference from ``triton``'s (default tiles) on the same inputs, relative to the largest
    value; above 2e-2 (the tests' bfloat16 tolerance) a verdict says its timing is of other work. The
@@ -303,6 +307,8 @@ def _attention_rows(
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
         three_runs = _with_backend_settings(candidates["triton"][0], ONE_NEAR_RUN=False)
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
+        cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
+        candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
     if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
         triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
 
@@ -359,6 +365,9 @@ PLAIN_ROW = "triton (no position terms)"
 # `triton` with the loops cut into three runs where no far tile occurs (`triton_backend.ONE_NEAR_RUN` off): at
 # N <= 512 (v3) what the one near run changes; from 1024 on the same kernels as `triton`, a control of the noise
 THREE_RUNS_ROW = "triton (three runs)"
+# `triton` with the distance tables built by one batched matmul (`triton_backend.DISTANCE_PRODUCT` "cublas"), which
+# cuBLAS runs on a one-element-aligned kernel at their odd row stride, instead of by `triton_products`' kernel
+CUBLAS_TABLES_ROW = "triton (cuBLAS tables)"
 SDPA_ROW = "sdpa (no position terms)"  # the ceiling: plain attention, PyTorch's fused kernels
 HF_ROW = "hf eager layer (incl. projections)"
 OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, HF_ROW)  # other math
@@ -372,6 +381,7 @@ def attention_row_names() -> list[str]:
         *available_backends(),
         *NEAR_BAND_ROWS,
         THREE_RUNS_ROW,
+        CUBLAS_TABLES_ROW,
         PLAIN_ROW,
         SDPA_ROW,
         "flashdeberta",
@@ -447,7 +457,7 @@ def long_section(args, device: str, dtype) -> Iterator[Unit]:
         saved = args.tokens
         args.tokens = n  # batch 1
         try:
-            only = (*TRITON_ROWS, PLAIN_ROW, SDPA_ROW)
+            only = (*road_rows(), PLAIN_ROW, SDPA_ROW)
             return [{**r, "section": "long"} for r in _attention_rows(args, n, device, dtype, only=only)]
         finally:
             args.tokens = saved
@@ -560,7 +570,8 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
     tables, FAR, copies)."""
 
     def measure(n: int) -> list[dict]:
-        only = (*TRITON_ROWS, PLAIN_ROW)  # the plain row: the kernels' loop alone, without the work around it
+        # the plain row: the kernels' loop alone, without the work around it
+        only = (*road_rows(), CUBLAS_TABLES_ROW, PLAIN_ROW)
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)
         return [{**r, "section": "profile"} for r in rows]
 
@@ -660,9 +671,21 @@ def targets(n: int) -> tuple[int | None, int | None]:
     return forward, 75 if n >= 2048 else None
 
 
-# row -> triton_backend.NEAR_BAND
-NEAR_BAND_ROWS = {"triton distance": "distance", "triton skew-forward": "skew-forward", "triton skew": "skew"}
+# row -> triton_backend.NEAR_BAND (one of them is the plain `triton` row's road, whichever is the default)
+NEAR_BAND_ROWS = {
+    "triton tables": "tables",
+    "triton distance": "distance",
+    "triton skew-forward": "skew-forward",
+    "triton skew": "skew",
+}
 TRITON_ROWS = ("triton", *NEAR_BAND_ROWS)
+
+
+def road_rows() -> tuple[str, ...]:
+    """`triton` and the rows of the other roads: the road rows of a run, without the default's twin."""
+    from debertakit.attention import triton_backend
+
+    return ("triton", *(row for row, mode in NEAR_BAND_ROWS.items() if mode != triton_backend.NEAR_BAND))
 
 
 def verdicts(rows: list[dict]) -> list[str]:
@@ -1097,12 +1120,18 @@ def gpu_tiles() -> dict[str, str]:
 def environment(device: str) -> dict:
     import torch
 
+    from debertakit.attention import triton_backend
+
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "gpu_tiles": gpu_tiles(),  # the `triton` rows' tiles (the tables change as timings come in)
+        # the plain `triton` row's road and how its distance tables are built (files without these fields ran
+        # the "tables" road: the default until 2026-11-26)
+        "near_band": triton_backend.NEAR_BAND,
+        "distance_product": triton_backend.DISTANCE_PRODUCT,
     }
     for mod in ("triton", "transformers", "flashdeberta"):
         env[mod] = _version(mod)

@@ -1,7 +1,7 @@
 """Nsight Compute profile of the attention kernels on a GPU: where their time goes, not only how much.
 
 `attention_gpu.py` times each row of its ``attention`` section; this script says why a row runs at the speed it
-does. For each row named by ``--impls`` (default: ``triton``, ``triton distance``, ``triton (no position
+does. For each row named by ``--impls`` (default: ``triton``, ``triton tables``, ``triton (no position
 terms)``, ``flashdeberta`` and ``sdpa (no position terms)``, built as that section builds them) and each length of
 ``--lengths`` (default 512, where every tile of the v3 input is near, and 8192, where most are far), a child
 process of this script runs the row's forward+backward once under ``ncu --set full`` (only that call: the
@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "attention_ncu.json"
 DEFAULT_IMPLS = [
     "triton",
-    "triton distance",
+    "triton tables",
     "triton (no position terms)",
     "flashdeberta",
     "sdpa (no position terms)",

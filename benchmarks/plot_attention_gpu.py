@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import attention_gpu  # noqa: E402
 
-from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -69,12 +68,18 @@ def series(rows: list[dict], metric: str, section: str = "attention") -> dict[st
     return {impl: sorted(points) for impl, points in out.items()}
 
 
-def road(impl: str) -> str | None:
+def road(impl: str, default: str) -> str | None:
     """The near-band road a results row ran (`triton_backend.NEAR_BAND_MODES`); None for rows of other code.
-    The plain `triton` row runs the default road."""
+    The plain `triton` row ran the default road of its run, ``default`` (`default_road`)."""
     if impl == "triton":
-        return triton_backend.NEAR_BAND
+        return default
     return attention_gpu.NEAR_BAND_ROWS.get(impl)
+
+
+def default_road(results: dict) -> str:
+    """The road the results' plain `triton` rows ran: their environment's ``near_band``; "tables" for files
+    written before it was recorded, when that was the default."""
+    return results.get("environment", {}).get("near_band", "tables")
 
 
 def caps(bounds: dict, device: str) -> dict[str, dict[int, dict]]:
@@ -88,10 +93,10 @@ def caps(bounds: dict, device: str) -> dict[str, dict[int, dict]]:
     return out
 
 
-def _style(impl: str, others: list[str]) -> dict:
+def _style(impl: str, others: list[str], default: str) -> dict:
     """How ``impl``'s line is drawn; ``others``: the implementations of neither kind below, in order."""
-    if road(impl) is not None:
-        return dict(color=ROAD_COLOURS.get(road(impl)), marker="o", linewidth=2.2, markersize=4)
+    if road(impl, default) is not None:
+        return dict(color=ROAD_COLOURS.get(road(impl, default)), marker="o", linewidth=2.2, markersize=4)
     if impl == attention_gpu.SDPA_ROW:
         return dict(color="black", marker="s", linewidth=1.8, markersize=3)
     if impl == attention_gpu.PLAIN_ROW:
@@ -110,7 +115,7 @@ def figure(results: dict, bounds: dict | None):
     limits = caps(bounds or {}, env.get("device", ""))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 5.6), sharey=True)
     for ax, panel in zip(axes, PANELS):
-        _panel(ax, results["rows"], limits, *panel)
+        _panel(ax, results["rows"], limits, default_road(results), *panel)
     axes[0].set_ylabel("TFLOP/s (4·N²·d per head forward, 3.5× that forward+backward)")
     handles, labels = axes[-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right")
@@ -124,7 +129,7 @@ def figure(results: dict, bounds: dict | None):
 
 
 def _panel(
-    ax, rows: list[dict], limits: dict, metric: str, title: str, cap_key: str, target_index: int
+    ax, rows: list[dict], limits: dict, default: str, metric: str, title: str, cap_key: str, target_index: int
 ) -> None:
     """One panel: the measured lines, every road's caps (timed or not: what it could reach), the targets."""
     lines = series(rows, metric)
@@ -133,10 +138,10 @@ def _panel(
     others = [
         impl
         for impl in lines
-        if road(impl) is None and impl not in (attention_gpu.SDPA_ROW, attention_gpu.PLAIN_ROW)
+        if road(impl, default) is None and impl not in (attention_gpu.SDPA_ROW, attention_gpu.PLAIN_ROW)
     ]
     for impl, points in lines.items():
-        ax.plot(*zip(*points), label=impl, **_style(impl, others))
+        ax.plot(*zip(*points), label=impl, **_style(impl, others, default))
     for name, by_n in limits.items():
         points = sorted((n, r[cap_key]) for n, r in by_n.items())
         ax.plot(

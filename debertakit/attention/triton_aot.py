@@ -219,11 +219,43 @@ def compile_kernel(
     sig = signature(fn, dtype, constexprs)
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attributes(fn, sig, constexprs))
     compiled = compile_source(src, tiles.options, capability)
-    cubin = compiled.asm.get("cubin")
-    if not cubin:
-        raise RuntimeError(f"{fn.__name__}: no cubin")
-    if not inspect:
-        return None
+    return inspect_compiled(fn.__name__, compiled) if inspect else _checked_cubin(fn.__name__, compiled)
+
+
+def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
+    """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
+    reads the attention kernels. The launch tells the compiler what it tells it at run time: pointers, the
+    operands' strides and the rows per band are multiples of 16; the tables' width R + 1 (the output's row
+    stride) is odd, so the stores are not vectorised."""
+    from triton.compiler import ASTSource
+
+    from debertakit.attention import triton_products
+
+    fn = triton_products._distance_product_kernel
+    constexprs = dict(
+        D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=1 if dtype == "fp32" else 0
+    )
+    pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype)
+    sig = {
+        name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
+        for name in fn.arg_names
+    }
+    aligned = set(pointers) | {"stride_xh", "stride_xr", "stride_th", "stride_tr", "LB"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    return inspect_compiled(fn.__name__, compile_source(src, tiles.options, capability))
+
+
+def _checked_cubin(name: str, compiled) -> None:
+    if not compiled.asm.get("cubin"):
+        raise RuntimeError(f"{name}: no cubin")
+
+
+def inspect_compiled(name: str, compiled) -> Compiled:
+    """The resources and instruction mix of kernel ``name`` as `compile_source` compiled it (its cubin read
+    with cuobjdump)."""
+    _checked_cubin(name, compiled)
+    cubin = compiled.asm["cubin"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

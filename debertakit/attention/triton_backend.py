@@ -114,6 +114,14 @@ def _kernels():
     return triton_kernels
 
 
+@functools.cache
+def _products():
+    _kernels()  # the interpreter's checks and rounding first, as for the attention kernels
+    from debertakit.attention import triton_products
+
+    return triton_products
+
+
 KERNEL_NAMES = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
 # Tiles per kernel on CUDA, by head dim (<= 64, 128). Where a GPU timed candidates (`GPU_TIMED`), the fastest
 # (`python benchmarks/attention_gpu.py --sections tiles`, rows in benchmarks/results/attention_gpu.json).
@@ -160,11 +168,17 @@ TILE_OVERRIDES: dict[str, Tiles] = {}
 # N×R table in memory; see `triton_kernels`) in the forward and in the backward, "skew-forward" in the forward
 # only. The skewed kernels run only at distance i - j, without p2p, with tables in the inputs' dtype, and
 # where SKEW_TILES (with dropout: SKEW_DROPOUT_TILES) has tiles for them (the backward needs both of its
-# kernels); other calls use "tables". Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py`
-# times them in one run ("triton", "triton distance", "triton skew-forward", "triton skew"), without and with
-# dropout.
+# kernels); other calls use "tables" (as do calls with p2p, or not at distance i - j, on the distance road).
+# Which is fastest is for a GPU to say: `benchmarks/attention_gpu.py` times them in one run ("triton", "triton
+# tables", "triton distance", "triton skew-forward", "triton skew"), without and with dropout. On an H200
+# (2026-11-26, bf16, v3 shape, batch·N = 16384, 12 heads, d 64; `benchmarks/results/attention_gpu_h200_targets.json`)
+# the distance road's forward+backward was the fastest at every N timed (512: 5.74 ms against the tables road's
+# 6.23; 2048: 10.59 against 11.44; 8192: 16.50 against 18.00; 16384: 24.53 against 25.65), and so was its forward
+# at 512, 8192 and 16384; at 2048 its forward was the slower (3.64 against 2.89 ms), 1.69 ms of it the tables'
+# matmul on a one-element-aligned cuBLAS kernel, which `triton_products` replaces (`DISTANCE_PRODUCT`; not yet
+# timed on a GPU).
 NEAR_BAND_MODES = ("tables", "distance", "skew-forward", "skew")
-NEAR_BAND = "tables"
+NEAR_BAND = "distance"
 # Where no far tile may occur (`_far_tiles`: v3 inputs of N <= 512, packed rows of such sequences) the kernels
 # run each program's loop as one near run (`triton_kernels._NEAR_ONLY`); False compiles the three runs of longer
 # inputs there too (two of them empty), as before: `benchmarks/attention_gpu.py`'s row "triton (three runs)"
@@ -327,20 +341,28 @@ def _log2_band(band: int) -> int:
     return _ONE_BAND if band == 0 else band.bit_length() - 1
 
 
+def _product_buffer(
+    heads: int, m: int, n: int, dtype: torch.dtype, device, slack: int, lead: bool
+) -> tuple[Tensor, Tensor]:
+    """A flat buffer for (heads, m, n) products followed by ``slack`` zeros, with ``lead`` as many before them
+    (one fill for both), and the products' (heads, m, n) view of it."""
+    start = slack if lead else 0
+    flat = torch.empty(start + heads * m * n + slack, dtype=dtype, device=device)
+    zeros = (2, slack) if lead else (1, slack)
+    flat.as_strided(zeros, (start + heads * m * n, 1), 0 if lead else start + heads * m * n).zero_()
+    return flat, flat[start : start + heads * m * n].view(heads, m, n)
+
+
 def _scaled_product(
     a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int, lead: bool = False
 ) -> Tensor:
     """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros and with
-    ``lead`` as many before it (one fill for both): on a GPU one matmul whose float32 accumulator is scaled and
+    ``lead`` as many before it (`_product_buffer`): on a GPU one matmul whose float32 accumulator is scaled and
     rounded once (``baddbmm`` with beta 0: its input is not read); on the CPU (the interpreter), or with operands
     of another dtype, in float32, then rounded. Scaling here costs no pass of its own, and a scaled table holds
     what the scores add (float16 ones stay far from overflow)."""
     heads, m, n = a.shape[0], a.shape[1], b.shape[2]
-    start = slack if lead else 0
-    flat = torch.empty(start + heads * m * n + slack, dtype=dtype, device=a.device)
-    zeros = (2, slack) if lead else (1, slack)
-    flat.as_strided(zeros, (start + heads * m * n, 1), 0 if lead else start + heads * m * n).zero_()
-    out = flat[start : start + heads * m * n].view(heads, m, n)
+    flat, out = _product_buffer(heads, m, n, dtype, a.device, slack, lead)
     if a.device.type != "cpu" and a.dtype == b.dtype == dtype:
         unused = a.new_empty((1, 1, 1)).expand(heads, m, n)
         torch.baddbmm(unused, a, b, beta=0.0, alpha=alpha, out=out)
@@ -422,13 +444,84 @@ def _band_product(
     against the cells it saves. With bands the zeros of the slack lie before the table too: the kernels load
     the two saturated cells of each row of a program's block, distance ±min(sat, R / 2) from its cell of
     distance 0, in every call; far tiles alone use them, and with bands there are none (`_distance_layout`), but
-    in the first band the left one lies before the table. With one band every row holds both."""
+    in the first band the left one lies before the table. With one band every row holds both. 16-bit tables
+    come from `triton_products` instead (`DISTANCE_PRODUCT`): the same table without the copies, written at its
+    odd row stride where cuBLAS ran a one-element-aligned kernel."""
+    if _product_kernel_serves(heads, table, cells):
+        return _kernel_band_product(heads, table, cells, batch, n, band, alpha, slack)
     H, d = heads.shape[0], heads.shape[2]
     bands, width = cells.shape
     rows = _pad_rows(heads, batch, n, _distance_padded_rows(n, band))
     a = rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
     b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
     return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)[slack if band else 0 :]
+
+
+# How the distance tables' products run: "triton", one kernel writing each table in place at its odd row stride
+# R + 1 (`triton_products`); "cublas", one batched matmul per table, which cuBLAS runs on a one-element-aligned
+# kernel at that stride (1.69 ms of the forward's 2.50 at N = 2048 on an H200: `triton_products`' docstring).
+# The benchmark's row "triton (cuBLAS tables)" times the second beside the first.
+DISTANCE_PRODUCT_MODES = ("triton", "cublas")
+DISTANCE_PRODUCT = "triton"
+# The product kernel's tiles: one dot over the head dim per block, BLOCK_M rows of q / k by BLOCK_N cells. Not
+# tuned on a GPU (none has run it yet): 64×64 with 4 warps compiles for sm_90 without spills at every head dim
+# (tests/attention/compile_triton_kernels.py).
+PRODUCT_TILES = Tiles(64, 64, 4, 1)
+
+
+def _product_kernel_serves(heads: Tensor, table: Tensor, cells: Tensor) -> bool:
+    """Whether `DISTANCE_PRODUCT` has the kernel build this table: 16-bit operands of one dtype, (head, band)
+    pairs within the launch grid's third axis. float32 tables stay with the matmul: IEEE float32 products run
+    on the CUDA cores either way (cuBLAS's float32 kernels ask for 4-byte alignment only), and the kernel
+    compiled for them spills registers at head dim 64 and 128 (tests/attention/compile_triton_kernels.py)."""
+    if DISTANCE_PRODUCT not in DISTANCE_PRODUCT_MODES:
+        raise ValueError(
+            f"triton_backend.DISTANCE_PRODUCT must be one of {DISTANCE_PRODUCT_MODES}, got {DISTANCE_PRODUCT!r}"
+        )
+    half = heads.dtype in (torch.bfloat16, torch.float16) and table.dtype == heads.dtype
+    return DISTANCE_PRODUCT == "triton" and half and heads.shape[0] * cells.shape[0] < 2**16
+
+
+def _kernel_band_product(
+    heads: Tensor,
+    table: Tensor,
+    cells: Tensor,
+    batch: int,
+    n: int,
+    band: int,
+    alpha: float,
+    slack: int,
+) -> Tensor:
+    """`_band_product` by `triton_products`: the same table, laid out the same way, from q / k and the
+    position table read in place."""
+    H, d = heads.shape[0], heads.shape[2]
+    bands, width = cells.shape
+    per_band = band if band else _distance_padded_rows(n, band)  # rows per band of each batch row
+    m = batch * per_band
+    flat, out = _product_buffer(H * bands, m, width, heads.dtype, heads.device, slack, lead=band > 0)
+    heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
+    t = PRODUCT_TILES
+    grid = (triton_cdiv(m, t.block_m), triton_cdiv(width, t.block_n), H * bands)
+    _products()._distance_product_kernel[grid](
+        heads,
+        table,
+        cells,
+        out,
+        alpha,
+        heads.stride(0),
+        heads.stride(1),
+        table.stride(0),
+        table.stride(1),
+        n,
+        per_band,
+        bands,
+        width,
+        m,
+        D=d,
+        PREC=_precision(heads),
+        **_launch(t),
+    )
+    return flat[slack if band else 0 :]
 
 
 def _distance_slack(cells: int, nq: int, nk: int, band: int = 0) -> int:
@@ -500,6 +593,12 @@ def _position_args(pos_q: Tensor | None, pos_k: Tensor | None, skew: bool, fallb
     )
 
 
+def _precision(t: Tensor) -> int:
+    """The kernels' PREC for operands like ``t`` (`triton_kernels._mm`): tensor cores for 16-bit inputs on a GPU,
+    IEEE float32 for float32 ones, and on the CPU (the interpreter) 16-bit operands widened first."""
+    return 2 if t.device.type != "cuda" else (1 if t.dtype == torch.float32 else 0)
+
+
 def _flags(
     q: Tensor,
     row: Tensor | None,
@@ -522,7 +621,7 @@ def _flags(
         HAS_SEG=q_seg is not None,
         HAS_KMASK=k_mask is not None,
         CAUSAL=causal,
-        PREC=2 if q.device.type != "cuda" else (1 if q.dtype == torch.float32 else 0),
+        PREC=_precision(q),
     )
 
 

@@ -32,12 +32,18 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from debertakit.attention import triton_kernels as K  # noqa: E402
-from debertakit.attention.triton_aot import FLAGS, MMA_OPS, compile_kernel  # noqa: E402
+from debertakit.attention.triton_aot import (  # noqa: E402
+    FLAGS,
+    MMA_OPS,
+    compile_kernel,
+    compile_product_kernel,
+)
 from debertakit.attention.triton_backend import (  # noqa: E402
     BACKWARD,
     FORWARD,
     GPU_TIMED,
     KERNEL_NAMES,
+    PRODUCT_TILES,
     TRITON_TENSOR_CORES,
     skew_served,
     tiles_for,
@@ -156,6 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                 uncut.append(
                     f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not {runs}"
                 )
+    # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
+    # `triton_backend._product_kernel_serves`)
+    products = []
+    for dtype, head_dim in itertools.product(("bf16", "fp16"), (16, 32, 64, 128)):
+        c = compile_product_kernel(dtype, head_dim, PRODUCT_TILES)
+        n += 1
+        print(f"_distance_product_kernel {dtype} d{head_dim} {PRODUCT_TILES}: {c}")
+        if c.stack_bytes:
+            spills.append(f"_distance_product_kernel {dtype} d{head_dim} {PRODUCT_TILES}: {c}")
+        if not any(c.ops[op] for op in MMA_OPS):
+            products.append(f"_distance_product_kernel {dtype} d{head_dim}")
     premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
@@ -167,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         ("matrix products replicated across warps", replicated),
         ("shared memory beyond the GPU's", oversized),
         ("tensor cores not where triton_backend.TRITON_TENSOR_CORES says", premise),
+        ("distance-table products without tensor-core instructions", products),
     )
     for title, problems in checks:
         if problems:

@@ -1091,6 +1091,71 @@ def test_banded_distance_tables_hold_each_pairs_terms():
         assert bool((padding == 0).all()), name
 
 
+# The distance tables' products (`_band_product`) over shapes: one band and bands, one batch row and several,
+# rows not filling the last band, every head dim the kernels take
+PRODUCT_GRID = {
+    "one_band": dict(batch=2, n=70, heads=3, dim=16, band=0),
+    "one_band_d64_b1": dict(batch=1, n=33, heads=2, dim=64, band=0),
+    "bands": dict(batch=3, n=100, heads=2, dim=32, band=64),
+    "bands_d128": dict(batch=2, n=40, heads=1, dim=128, band=16),
+}
+
+
+def _band_product_inputs(case: dict, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    B, n, H, d, band = (case[k] for k in ("batch", "n", "heads", "dim", "band"))
+    # q as the projections give it: (B, N, H, d) memory seen per head (`_per_head`: a strided view)
+    heads = triton_backend._per_head(torch.randn(B, n, H, d, generator=g).to(dtype).transpose(1, 2))
+    table = torch.randn(H, 40, d, generator=g).to(dtype)
+    if band:
+        bands = triton_backend.triton_cdiv(n, band)
+        width = bands * band + band + 1
+    else:
+        bands, width = 1, 2 * triton_backend._aligned(n) + 1
+    cells = torch.randint(0, 40, (bands, width), generator=g)
+    return heads, table, cells, B, n, band
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", list(PRODUCT_GRID))
+def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dtype):
+    """`triton_products` against the batched matmul it replaces (``DISTANCE_PRODUCT`` "cublas": on the CPU the
+    float32 product, rounded once): the same table, element for element, with the same zeros after it and, with
+    bands, before it; q read through its strides, the table rows through the cells, the padding rows as zeros.
+    The kernel ran (its launch recorded) for 16-bit operands of one dtype only: float32 ones, and a table of
+    another dtype, take the matmul."""
+    from debertakit.attention.triton_access import record_run
+
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], dtype)
+    slack = 37
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cublas")
+    want = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "triton")
+    with record_run("triton_products.py") as (_, launches):
+        got = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
+    assert list(launches) == ([] if dtype == torch.float32 else ["_distance_product_kernel"])
+    assert got.shape == want.shape and got.storage_offset() == want.storage_offset() == (slack if band else 0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert bool((got[-slack:] == 0).all())
+    if band:
+        before = torch.as_strided(got, (slack,), (1,), 0)
+        assert bool((before == 0).all())
+    with record_run("triton_products.py") as (_, launches):  # a table of another dtype: the matmul's fallback
+        other = torch.float32 if dtype != torch.float32 else torch.bfloat16
+        triton_backend._band_product(heads, table.to(other), cells, B, n, band, 0.7, slack)
+    assert launches == {}
+
+
+def test_distance_product_mode_is_checked(monkeypatch):
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.float32)
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cuBLAS")
+    with pytest.raises(
+        ValueError, match=r"DISTANCE_PRODUCT must be one of \('triton', 'cublas'\), got 'cuBLAS'"
+    ):
+        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+
+
 def test_distance_tables_only_where_they_apply(monkeypatch):
     uses = triton_backend._uses_distance
     _near_band(monkeypatch, "distance")
@@ -1758,6 +1823,34 @@ def test_banded_distance_tables_match_eager_gpu(monkeypatch, name, dtype, dropou
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [512, 2048])
+def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
+    """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
+    at 2048) from the product kernel and from cuBLAS's matmul: the same rounded values (float32 accumulation
+    in either; the sums' order may differ in the last bit)."""
+    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
+    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
+    sat = c.rel.saturation
+    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], "cuda")
+    tiles = [triton_backend.tiles_for(torch.device("cuda"), 64, name) for name in triton_backend.KERNEL_NAMES]
+    layout = triton_backend._distance_layout(sat, n, n, tiles, n > sat, 64, c.batch)
+    cells = triton_backend._distance_cells(lut, sat, *layout)
+    tables = {}
+    for product in triton_backend.DISTANCE_PRODUCT_MODES:
+        monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", product)
+        tables[product] = triton_backend._distance_tables(
+            triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
+            0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
+        )  # fmt: skip
+    for got, want in zip(tables["triton"], tables["cublas"]):
+        assert got.shape == want.shape
+        torch.testing.assert_close(
+            got.float(), want.float(), rtol=2**-7 if dtype != torch.float32 else 1e-5, atol=1e-5
+        )
+
+
+@pytest.mark.gpu
 def test_long_sequence_runs_gpu():
     """N = 65536 at batch 1 (v3 shape, bf16): forward and backward run, memory stays linear in N."""
     c = Case(n=65536, heads=12, dim=64, rel=V3)
@@ -2170,8 +2263,9 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
-    """``--sections profile``: each road's `triton` row, and the kernels without position terms, with its time
-    split by kernel (summing to the row's time); ``--impls`` keeps only the named rows of ``attention``."""
+    """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, and the
+    kernels without position terms, with its time split by kernel (summing to the row's time); ``--impls``
+    keeps only the named rows of ``attention``."""
     import json
 
     out = tmp_path / "profile.json"
@@ -2183,10 +2277,11 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
     assert [r["impl"] for r in rows if r["section"] == "attention"] == ["triton"]
     profiled = [r for r in rows if r["section"] == "profile"]
     assert [r["impl"] for r in profiled] == [
-        "triton",
-        "triton distance",
+        "triton",  # the default road (distance): its twin row "triton distance" is not run again
+        "triton tables",
         "triton skew-forward",
         "triton skew",
+        "triton (cuBLAS tables)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -2377,6 +2472,16 @@ def test_gpu_plot_draws_the_measured_points_the_caps_of_that_gpu_and_the_targets
     assert forward["cap: distance"] == [(2048, 180.0)]  # a road with no measured row
     assert forward["target"] == [(512, 60), (2048, 100)] and both["target"] == [(2048, 75)]
     assert forward["target: 40% of sdpa"] == [(2048, 160.0)]
+
+    def colour(impl):
+        drawn = plot.figure(results, bounds).axes[0].lines
+        return next(line.get_color() for line in drawn if line.get_label() == impl)
+
+    # the plain `triton` row is drawn as the road its run took: "tables" in files that do not say (the default
+    # before the environment recorded it), else the environment's near_band
+    assert colour("triton") == plot.ROAD_COLOURS["tables"] != plot.ROAD_COLOURS["distance"]
+    results["environment"]["near_band"] = "distance"
+    assert colour("triton") == plot.ROAD_COLOURS["distance"]
     results["environment"]["device"] = "NVIDIA A100-SXM4-80GB"  # a GPU the bounds do not know: no caps
     assert not any(label.startswith("cap") for label in lines(plot.figure(results, bounds).axes[0]))
 
