@@ -147,11 +147,10 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
         with Recorder() as rec:
             out, lse = fwd_body(*inputs)
         calls["forward"] = rec
-        tensors, scalars = inputs[: triton_backend._N_FWD_TENSORS], inputs[triton_backend._N_FWD_TENSORS :]
-        q_, k_, v_, pq, pk, *rest = tensors
+        q_, k_, v_, pq, pk, aux, scale, config = inputs
         dout = torch.empty_like(out)
         with Recorder() as rec:
-            bwd_body(dout, q_, k_, v_, out, lse, pq, pk, *rest, *scalars)
+            bwd_body(dout, q_, k_, v_, out, lse, pq, pk, aux, scale, config)
         calls["backward"] = rec
         return out, lse
 

@@ -790,6 +790,48 @@ def _dropout_args(seed: Tensor | None, threshold: int, device: torch.device) -> 
     return dict(SEED=seed, DROP_T=threshold, drop_scale=kept_scale(threshold))
 
 
+class _Aux(NamedTuple):
+    """The ops' tensor inputs that take no gradient, passed as one list (``aux``; see `_Config`)."""
+
+    lut: Tensor  # the lookup table, cut to the rows the call indexes (`_lut`)
+    q_pos: Tensor  # int32 position, segment and key-mask rows (`_geometry_inputs`)
+    k_pos: Tensor
+    q_seg: Tensor | None
+    k_seg: Tensor | None
+    k_mask: Tensor | None
+    kv_lo: Tensor  # the key blocks each query block visits, and the converse (`_key_ranges`)
+    kv_hi: Tensor
+    q_lo: Tensor
+    q_hi: Tensor
+    seed: Tensor | None  # the dropout seed (`_draw_seed`)
+    cells: Tensor | None  # the distance tables' cells (`_distance_cells`)
+
+
+class _Config(NamedTuple):
+    """The ops' integer and boolean settings, passed as one ``list[int]`` (``config``). The ops take their inputs
+    in groups because `torch.library.custom_op`'s autograd wrapper rebuilds the schema's arguments once per
+    argument in every forward with grad (``torch._library.utils.fill_defaults``: each ``schema.arguments``
+    access builds every argument anew), a cost quadratic in their number: with the 27 arguments the forward had
+    it took 152 µs a call here, against 21 µs now (`benchmarks/triton_dispatch.py`), in every layer of a
+    training step."""
+
+    sat: int
+    c2p: bool
+    p2c: bool
+    p2p: bool
+    causal: bool
+    ij: bool
+    far_tiles: bool
+    drop_t: int
+    band: int
+
+    @classmethod
+    def of(cls, values: list[int]) -> _Config:
+        """The settings from the op's ``config`` list (booleans travel as 0 / 1)."""
+        sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = values
+        return cls(sat, c2p == 1, p2c == 1, p2p == 1, causal == 1, ij == 1, far_tiles == 1, drop_t, band)
+
+
 @torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
 def _fwd_op(
     q: Tensor,
@@ -797,32 +839,16 @@ def _fwd_op(
     v: Tensor,
     pos_q: Tensor | None,
     pos_k: Tensor | None,
-    lut: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    q_seg: Tensor | None,
-    k_seg: Tensor | None,
-    k_mask: Tensor | None,
-    kv_lo: Tensor,
-    kv_hi: Tensor,
-    q_lo: Tensor,
-    q_hi: Tensor,
-    seed: Tensor | None,
-    cells: Tensor | None,
+    aux: list[Tensor | None],
     scale: float,
-    sat: int,
-    c2p: bool,
-    p2c: bool,
-    p2p: bool,
-    causal: bool,
-    ij: bool,
-    far_tiles: bool,
-    drop_t: int,
-    band: int,
+    config: list[int],
 ) -> tuple[Tensor, Tensor]:
     """(out (B, H, Nq, D) in q's dtype, float32 with dropout (`_out_dtype`), logsumexp (B, H, Nq) float32 in
-    base 2 (see `triton_kernels`); +inf on rows with no visible key)."""
+    base 2 (see `triton_kernels`); +inf on rows with no visible key). ``aux``: `_Aux`'s tensors, ``config``:
+    `_Config`'s values."""
     dev = q.device
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells = aux
+    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
@@ -859,8 +885,9 @@ def _out_dtype(q: Tensor, drop_t: int) -> torch.dtype:
 
 
 @_fwd_op.register_fake
-def _(q, k, v, *args):
-    return torch.empty_like(q, dtype=_out_dtype(q, args[-1])), q.new_empty(q.shape[:3], dtype=torch.float32)
+def _(q, k, v, pos_q, pos_k, aux, scale, config):
+    drop_t = config[_Config._fields.index("drop_t")]
+    return torch.empty_like(q, dtype=_out_dtype(q, drop_t)), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 # Set by the tests: the distance buffers that the kernels write whole are filled with NaN before the kernels run
@@ -931,31 +958,15 @@ def _bwd_op(
     lse: Tensor,
     pos_q: Tensor | None,
     pos_k: Tensor | None,
-    lut: Tensor,
-    q_pos: Tensor,
-    k_pos: Tensor,
-    q_seg: Tensor | None,
-    k_seg: Tensor | None,
-    k_mask: Tensor | None,
-    kv_lo: Tensor,
-    kv_hi: Tensor,
-    q_lo: Tensor,
-    q_hi: Tensor,
-    seed: Tensor | None,
-    cells: Tensor | None,
+    aux: list[Tensor | None],
     scale: float,
-    sat: int,
-    c2p: bool,
-    p2c: bool,
-    p2p: bool,
-    causal: bool,
-    ij: bool,
-    far_tiles: bool,
-    drop_t: int,
-    band: int,
+    config: list[int],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent."""
+    """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent. ``aux`` and
+    ``config`` as the forward's (`_Aux`, `_Config`)."""
     dev = q.device
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells = aux
+    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
@@ -1052,23 +1063,23 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-_N_FWD_INPUTS = 27
-_N_FWD_TENSORS = 17  # q … q_hi, seed, cells; the rest are scalars
-
-
 def _setup_context(ctx, inputs, output):
-    q, k, v, pos_q, pos_k, *rest = inputs[:_N_FWD_TENSORS]
-    ctx.scalars = inputs[_N_FWD_TENSORS:]
+    q, k, v, pos_q, pos_k, aux, scale, config = inputs
+    ctx.scale, ctx.config = scale, config
     ctx.has_pos = (pos_q is not None, pos_k is not None)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *rest)
+    ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *aux)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, pos_q, pos_k, *rest = ctx.saved_tensors
-    dq, dk, dv, dpos_q, dpos_k = _bwd_op(dout, q, k, v, out, lse, pos_q, pos_k, *rest, *ctx.scalars)
-    grads = [dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None]
-    return tuple(grads + [None] * (_N_FWD_INPUTS - len(grads)))
+    q, k, v, out, lse, pos_q, pos_k, *aux = ctx.saved_tensors
+    dq, dk, dv, dpos_q, dpos_k = _bwd_op(dout, q, k, v, out, lse, pos_q, pos_k, aux, ctx.scale, ctx.config)
+    grads = (dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None)
+    # aux, scale and config take none; `custom_op` takes a list argument of tensors only as that many inputs and
+    # one holding a None as one input, and wants aux's gradient in the same form
+    # (`torch._library.autograd.supports_tensorlist`)
+    aux_grad = None if any(t is None for t in aux) else [None] * len(aux)
+    return (*grads, aux_grad, None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -1275,34 +1286,20 @@ def triton_attention(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {tokens} tokens × "
             f"{row_stride} elements per row is too large"
         )
+    seed = _draw_seed(device) if drop_t > 0 else None
+    # `_Aux`'s and `_Config`'s fields, in their order
+    aux = [lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells]
+    flags = (c2p, p2c, p2p, bool(geom.causal), ij, far_tiles)
+    config = [int(sat), *(int(f) for f in flags), drop_t, band]
     out, _ = _fwd_op(
         q,
         k,
         v,
         pos_q.contiguous() if pos_q is not None and (p2c or p2p) else None,
         pos_k.contiguous() if pos_k is not None and (c2p or p2p) else None,
-        lut,
-        q_pos,
-        k_pos,
-        q_seg,
-        k_seg,
-        k_mask,
-        kv_lo,
-        kv_hi,
-        q_lo,
-        q_hi,
-        _draw_seed(device) if drop_t > 0 else None,
-        cells,
+        aux,
         float(scale),
-        int(sat),
-        c2p,
-        p2c,
-        p2p,
-        bool(geom.causal),
-        ij,
-        far_tiles,
-        drop_t,
-        band,
+        config,
     )
     return out.to(v.dtype), None
 

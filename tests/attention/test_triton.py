@@ -265,9 +265,10 @@ def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
     seen = []
     real = triton_backend._fwd_op
 
-    def op(q, k, v, pos_q, pos_k, lut, *rest):
+    def op(q, k, v, pos_q, pos_k, aux, *rest):
+        lut = triton_backend._Aux(*aux).lut
         seen.append((pos_q.shape[1], pos_k.shape[1], int(lut.min()), int(lut.max())))
-        return real(q, k, v, pos_q, pos_k, lut, *rest)
+        return real(q, k, v, pos_q, pos_k, aux, *rest)
 
     monkeypatch.setattr(triton_backend, "_fwd_op", op)
     inputs = _inputs(c, torch.float32, DEVICE)
@@ -503,8 +504,9 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band
         terms=c.terms,
         dropout_p=dropout_p,
     )
-    assert (captured[0][15] is None) == (dropout_p == 0.0)  # the seed
-    assert (captured[0][16] is None) == (near_band == "tables")  # the distance tables' cells
+    aux = triton_backend._Aux(*captured[0][5])
+    assert (aux.seed is None) == (dropout_p == 0.0)
+    assert (aux.cells is None) == (near_band == "tables")  # the distance tables' cells
     torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
 
 
@@ -2755,3 +2757,46 @@ def test_record_run_sees_every_tile_load_at_the_addresses_of_its_tensors(monkeyp
     gathers = [calls for (kernel, fn, _), calls in loads.items() if kernel == "_fwd_kernel" and fn == "_tile"]
     assert gathers and all(calls[0][0].shape == (16, 16) for calls in gathers)
     assert 0 < len(gathers[0]) < programs * tiles_per_program
+
+
+def test_custom_ops_take_their_inputs_in_few_arguments():
+    """`torch.library.custom_op`'s autograd wrapper rebuilds the schema's arguments once per argument in every
+    forward with grad (``fill_defaults``), a cost quadratic in their number: 152 µs a call at the forward's 27
+    arguments before they were grouped (`_Aux`, `_Config`), 16 µs at 8 (`benchmarks/triton_dispatch.py`). The
+    groups hold every field the ops read, in the order the call passes them."""
+    for name in ("disentangled_attention_fwd", "disentangled_attention_bwd"):
+        schema = getattr(torch.ops.debertakit, name).default._schema
+        assert len(schema.arguments) <= 11, (name, len(schema.arguments))
+    assert triton_backend._Config.of([512, 1, 0, 1, 0, 1, 1, 7, 64]) == (
+        512,
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+        7,
+        64,
+    )
+    with pytest.raises(ValueError):  # a config of another length
+        triton_backend._Config.of([512, 1, 0])
+    assert len(triton_backend._Aux._fields) == 12
+
+
+def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
+    import json
+
+    bench = _benchmark_module("triton_dispatch")
+    out = tmp_path / "dispatch.json"
+    assert bench.main(["--reps", "3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["op"] for r in result["custom_ops"]] == [
+        "disentangled_attention_fwd",
+        "disentangled_attention_bwd",
+    ]
+    assert [r["road"] for r in result["calls"]] == list(bench.ROADS)
+    for r in result["calls"]:
+        assert 0 < r["forward_no_grad_us"] and 0 < r["forward_with_grad_us"] < r["forward_backward_us"]
+    assert "| custom op | schema arguments |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--reps 0: expected a positive count"):
+        bench.main(["--reps", "0", "--out", str(out)])

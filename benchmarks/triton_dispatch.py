@@ -1,0 +1,172 @@
+"""Host time of one `triton` backend call around its kernels, on the CPU: what a short input pays per layer.
+
+On a GPU a call's kernels run asynchronously; the host's work per call (Python, PyTorch's dispatch, the
+kernels' launches) sets the time where the GPU's work is shorter. On an H200 (2026-11-26) our kernels without
+position terms took 0.126 ms of GPU time per forward at N = 512 and 0.551 ms per call, 0.571 against 1.822 ms
+forward+backward (`benchmarks/results/attention_gpu_h200*.json`). This script times the host side alone: the
+backend's forward (without and with grad) and forward+backward at a tiny shape on the CPU, with the kernel
+launches replaced by no-ops (as `triton_host_cost.py` does), so what remains is the Python and the PyTorch
+operations around them, and the custom op's own dispatch. It also times, per custom op, the step of
+`torch.library.custom_op`'s autograd wrapper that rebuilds the schema's arguments (``fill_defaults``: each
+``schema.arguments`` access builds every argument anew, once per argument, a cost quadratic in their number),
+which a call with grad pays once in its forward.
+
+These are host times on this machine's CPU, not a GPU's; the GPU's launches (a few µs each) and Triton's
+launcher are not in them. Medians of ``--reps`` calls after a warm-up.
+
+    python benchmarks/triton_dispatch.py      # table + benchmarks/results/triton_dispatch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import torch  # noqa: E402
+
+from debertakit.attention import triton_backend  # noqa: E402
+from debertakit.attention.eager import PositionTerms  # noqa: E402
+from debertakit.attention.geometry import Geometry  # noqa: E402
+from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "triton_dispatch.json"
+ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "distance": ("distance", True)}
+
+
+class _NoLaunch:
+    """Stands for a kernels module: ``kernel[grid](...)`` does nothing."""
+
+    def __getattr__(self, name):
+        return _NoLaunch()
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _median_us(fn, reps: int) -> float:
+    for _ in range(max(3, reps // 10)):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def fill_defaults_us(reps: int) -> list[dict]:
+    """Per custom op of the backend: its schema's arguments and what ``fill_defaults`` costs on them."""
+    from torch._library.utils import fill_defaults
+
+    rows = []
+    for name in ("disentangled_attention_fwd", "disentangled_attention_bwd"):
+        schema = getattr(torch.ops.debertakit, name).default._schema
+        args = (None,) * len(schema.arguments)
+        us = _median_us(lambda schema=schema, args=args: fill_defaults(schema, args, {}), reps)
+        rows.append(dict(op=name, arguments=len(schema.arguments), fill_defaults_us=round(us, 1)))
+    return rows
+
+
+def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict:
+    """The backend's host time per call on ``road`` (``ROADS``), kernels not launched: forward without grad, with
+    grad, and forward+backward; the geometry shared across calls, as the model's layers share it."""
+    from debertakit.attention.relative import RelativeIndex
+
+    near_band, terms_on = ROADS[road]
+    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base's positions
+    terms = PositionTerms(c2p=terms_on, p2c=terms_on)
+
+    def leaf(*shape, grad):
+        return torch.randn(*shape, dtype=torch.bfloat16).requires_grad_(grad)
+
+    def inputs(grad):
+        q, k, v = (leaf(batch, n, heads, dim, grad=grad).transpose(1, 2) for _ in range(3))
+        tables = [leaf(heads, rel.table_rows, dim, grad=grad) for _ in range(2)] if terms_on else [None, None]
+        return q, k, v, *tables
+
+    geom = Geometry()
+    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))
+    patches = dict(
+        _kernels=_NoLaunch,
+        _products=_NoLaunch,
+        NEAR_BAND=near_band,
+        tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),  # the GPU's tiles size the distance tables
+    )
+
+    def call(args):
+        out, _ = triton_backend.triton_attention(*args, rel, geom, scale=0.1, terms=terms)
+        return out
+
+    with mock.patch.multiple(triton_backend, **patches):
+        plain, grads = inputs(False), inputs(True)
+
+        def forward_no_grad():
+            with torch.no_grad():
+                call(plain)
+
+        def forward_backward():
+            out = call(grads)
+            out.backward(torch.ones_like(out))
+
+        row = dict(road=road, n=n, batch=batch, heads=heads, head_dim=dim)
+        row["forward_no_grad_us"] = round(_median_us(forward_no_grad, reps), 1)
+        row["forward_with_grad_us"] = round(_median_us(lambda: call(grads), reps), 1)
+        row["forward_backward_us"] = round(_median_us(forward_backward, reps), 1)
+    return row
+
+
+def table(ops: list[dict], calls: list[dict]) -> str:
+    lines = ["| custom op | schema arguments | fill_defaults, µs |", "|---|---:|---:|"]
+    lines += [f"| {r['op']} | {r['arguments']} | {r['fill_defaults_us']} |" for r in ops]
+    lines += [
+        "",
+        "| road | forward, no grad, µs | forward with grad, µs | forward+backward, µs |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['road']} | {r['forward_no_grad_us']} | {r['forward_with_grad_us']} | {r['forward_backward_us']} |"
+        for r in calls
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=300, help="timed calls per measurement (median)")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        raise SystemExit(f"--reps {args.reps}: expected a positive count")
+    torch.set_num_threads(1)  # host overhead, not the CPU's arithmetic on the tiny tensors
+    ops = fill_defaults_us(args.reps)
+    calls = [call_us(road, args.reps) for road in ROADS]
+    print(table(ops, calls))
+    result = dict(
+        environment=dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            python=platform.python_version(),
+            torch=torch.__version__,
+            cpu=platform.processor() or platform.machine(),
+            command=" ".join(["python", "benchmarks/triton_dispatch.py", *(argv or sys.argv[1:])]),
+        ),
+        custom_ops=ops,
+        calls=calls,
+    )
+    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
