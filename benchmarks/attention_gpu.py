@@ -24,7 +24,9 @@ Sections (all bfloat16 on one CUDA device):
    default (`road_rows`: the one that is the default is left out of the runs that time every road).
    ``triton (cuBLAS tables)`` is ``triton`` with the distance tables built by one batched matmul
    (`triton_backend.DISTANCE_PRODUCT` "cublas", one-element aligned at their odd row stride) instead of
-   `triton_products`' kernel. ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
+   `triton_products`' kernel. ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
+   (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
+   ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
    Each row that computes the same function (not sdpa, not the HF layer) records ``max_diff_vs_triton``, its
@@ -309,6 +311,15 @@ def _attention_rows(
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
         cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
         candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
+        triton_call, geometry = get_backend("triton", request).fn, Geometry()
+
+        def shared_geometry():  # one geometry for every call, as a model's layers share theirs
+            out, _ = triton_call(
+                q, k, v, pos_q, pos_k, rel, geometry, scale=scale, terms=terms, dropout_p=dropout_p
+            )
+            return out
+
+        candidates[SHARED_GEOMETRY_ROW] = (shared_geometry, leaves, grad)
     if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
         triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
 
@@ -368,6 +379,10 @@ THREE_RUNS_ROW = "triton (three runs)"
 # `triton` with the distance tables built by one batched matmul (`triton_backend.DISTANCE_PRODUCT` "cublas"), which
 # cuBLAS runs on a one-element-aligned kernel at their odd row stride, instead of by `triton_products`' kernel
 CUBLAS_TABLES_ROW = "triton (cuBLAS tables)"
+# `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
+# rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
+# the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
+SHARED_GEOMETRY_ROW = "triton (geometry shared)"
 SDPA_ROW = "sdpa (no position terms)"  # the ceiling: plain attention, PyTorch's fused kernels
 HF_ROW = "hf eager layer (incl. projections)"
 OTHER_FUNCTIONS = (SDPA_ROW, PLAIN_ROW, HF_ROW)  # other math
@@ -382,6 +397,7 @@ def attention_row_names() -> list[str]:
         *NEAR_BAND_ROWS,
         THREE_RUNS_ROW,
         CUBLAS_TABLES_ROW,
+        SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
         SDPA_ROW,
         "flashdeberta",

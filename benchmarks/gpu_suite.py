@@ -8,8 +8,9 @@ each step's cap and what it decides):
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
-   same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), the tables
-   and skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
+   same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes) and with one
+   geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
+   skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
 3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
 4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
@@ -76,8 +77,15 @@ from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
-# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), and the other roads timed
-ROADS = ["triton", "triton (cuBLAS tables)", "triton tables", "triton skew-forward"]
+# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes) and with one geometry for
+# all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), and the other roads timed
+ROADS = [
+    "triton",
+    "triton (cuBLAS tables)",
+    "triton (geometry shared)",
+    "triton tables",
+    "triton skew-forward",
+]
 CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdeberta"]
 # tile shapes given to all three kernels: the GPU tiles of now and shapes the static report
 # (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set
