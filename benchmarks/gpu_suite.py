@@ -12,10 +12,12 @@ each step's cap and what it decides):
    geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
    skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
-3. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes;
-4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
-5. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
+3. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
+4. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
    them);
+5. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes
+   (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
+   is the code's correctness on a GPU and where its time goes);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
 7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
 8. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
@@ -183,7 +185,6 @@ PLAN = [
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
         240, 90, *TARGETS, out="attention_gpu_targets.json",
     ),
-    Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100, budgeted=True),
     Step(
         "gpu-tests",
         "the grid at real sizes on every road, dropout, CUDA graphs, no host syncs, N = 65536",
@@ -196,6 +197,7 @@ PLAN = [
         "GPU time per kernel of the triton rows: the fused kernels against the products around them",
         150, 60, "--sections", "profile", *LENGTHS, out="attention_gpu_profile.json",
     ),
+    Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100, budgeted=True),
     _bench(
         "folds",
         "the backward's four fold products at the padded row stride and the unpadded one: whether it pays",
