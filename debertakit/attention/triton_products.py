@@ -23,17 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    """a @ b, float32 result. PREC as `triton_kernels._mm`: 0 tensor cores (16-bit inputs), 1 IEEE float32,
-    2 operands widened to float32 first (Triton's CPU interpreter, whose 16-bit ``tl.dot`` is not exact)."""
-    if PREC == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif PREC == 1:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
+from debertakit.attention.triton_kernels import _mm  # a @ b by PREC, as the attention kernels multiply
 
 
 @triton.jit
@@ -85,6 +75,6 @@ def _distance_product_kernel(
         other=0.0,
     )  # (BLOCK_N, D)
 
-    acc = _dot(x, tl.trans(t), PREC) * alpha  # (BLOCK_M, BLOCK_N) float32
+    acc = _mm(x, tl.trans(t), PREC) * alpha  # (BLOCK_M, BLOCK_N) float32
     out = OUT + (hb.to(tl.int64) * M + m.to(tl.int64)[:, None]) * WIDTH + e[None, :]
     tl.store(out, acc.to(OUT.dtype.element_ty), mask=(m < M)[:, None] & in_row[None, :])
