@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
+from triton_host_cost import _NoLaunch  # noqa: E402  (kernels whose launches do nothing)
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
@@ -42,16 +43,6 @@ from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "triton_dispatch.json"
 ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "distance": ("distance", True)}
-
-
-class _NoLaunch:
-    """Stands for a kernels module: ``kernel[grid](...)`` does nothing."""
-
-    def __getattr__(self, name):
-        return _NoLaunch()
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
 
 
 def _median_us(fn, reps: int) -> float:
