@@ -521,7 +521,7 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
             f"a road of {triton_backend.NEAR_BAND_MODES}"
         )
     kernels = tuple(k for k in every if args.tile_kernels is None or k in args.tile_kernels)
-    suffix = "" if args.near_band == "tables" else f" {args.near_band}"
+    suffix = f" {args.near_band}"  # the road, named: `triton` alone is the default road elsewhere
     if kernels != every:
         suffix += f" ({', '.join(kernels)})"
 

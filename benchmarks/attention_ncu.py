@@ -414,7 +414,9 @@ def profile(ncu: str, args: argparse.Namespace, impl: str, n: int, tiles: str | 
     pages = {}
     for page, extra in (("raw", []), ("source", ["--print-source", "sass"])):
         code, text, err = _run(
-            [ncu, "--import", str(report), "--csv", "--page", page, *extra], args.timeout_s
+            # base units: ncu otherwise scales each value to its size ("ms", "Mbyte"; `_SCALED` reads both)
+            [ncu, "--import", str(report), "--csv", "--print-units", "base", "--page", page, *extra],
+            args.timeout_s,
         )
         if code != 0:
             entry[f"{page}_error"] = f"ncu --page {page} exit {code}: {_tail(err)}"

@@ -96,7 +96,10 @@ def caps(bounds: dict, device: str) -> dict[str, dict[int, dict]]:
 def _style(impl: str, others: list[str], default: str) -> dict:
     """How ``impl``'s line is drawn; ``others``: the implementations of neither kind below, in order."""
     if road(impl, default) is not None:
-        return dict(color=ROAD_COLOURS.get(road(impl, default)), marker="o", linewidth=2.2, markersize=4)
+        # a road row of the default road runs what `triton` runs: dashed, so the two lines stay apart
+        twin = impl != "triton" and road(impl, default) == default
+        style = dict(color=ROAD_COLOURS.get(road(impl, default)), marker="o", linewidth=2.2, markersize=4)
+        return dict(style, linestyle="--", linewidth=1.4) if twin else style
     if impl == attention_gpu.SDPA_ROW:
         return dict(color="black", marker="s", linewidth=1.8, markersize=3)
     if impl == attention_gpu.PLAIN_ROW:

@@ -139,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reps < 1:
         raise SystemExit(f"--reps {args.reps}: expected a positive count")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # host overhead, not the CPU's arithmetic on the tiny tensors
-    ops = fill_defaults_us(args.reps)
-    calls = [call_us(road, args.reps) for road in ROADS]
+    try:
+        ops = fill_defaults_us(args.reps)
+        calls = [call_us(road, args.reps) for road in ROADS]
+    finally:
+        torch.set_num_threads(threads)
     print(table(ops, calls))
     result = dict(
         environment=dict(

@@ -24,6 +24,11 @@ convention of ``attention_gpu.py``); the table prints the host-side FLOPs next t
 not counted here: what they read and write, the outputs and gradients allocated for them, and at distance
 i - j (the shapes here) the zeros of the distance buffers' cells that no visible pair lands in.
 
+The distance road is counted with its tables built by the matmul (`triton_backend.DISTANCE_PRODUCT` =
+"cublas"): the same products as `triton_products`' kernel, which the default runs for 16-bit inputs, plus the
+copies the matmul reads (the padding rows, q / k in band order, the gathered table rows: up to three more
+launches per direction, which the default no longer makes).
+
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """
 

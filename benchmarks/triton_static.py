@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "benchmarks" / "results" / "triton_static"
-# the near band gathered from the tables (the default road); inputs longer than the saturation, where far tiles
+# the near band gathered from the tables (the tables road); inputs longer than the saturation, where far tiles
 # occur (three runs per program)
 _ROADS = dict(SKEW=False, DIST=False, FAR_TILES=True)
 _SETS = {

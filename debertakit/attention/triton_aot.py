@@ -224,9 +224,10 @@ def compile_kernel(
 
 def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
-    reads the attention kernels. The launch tells the compiler what it tells it at run time: pointers, the
-    operands' strides and the rows per band are multiples of 16; the tables' width R + 1 (the output's row
-    stride) is odd, so the stores are not vectorised."""
+    reads the attention kernels. The launch tells the compiler what it tells it at run time: the input pointers,
+    the operands' strides and the rows per band are multiples of 16; the output starts after the zeros before a
+    banded table (not aligned in general) and its width R + 1, the row stride, is odd: the stores are not
+    vectorised."""
     from triton.compiler import ASTSource
 
     from debertakit.attention import triton_products
@@ -240,7 +241,7 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names
     }
-    aligned = set(pointers) | {"stride_xh", "stride_xr", "stride_th", "stride_tr", "LB"}
+    aligned = {"X", "T", "CELLS", "stride_xh", "stride_xr", "stride_th", "stride_tr", "LB"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return inspect_compiled(fn.__name__, compile_source(src, tiles.options, capability))

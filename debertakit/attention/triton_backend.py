@@ -406,9 +406,9 @@ def _distance_tables(
     Qr[idx(i, j)]``, (H, B·N', 2·reach + 1) per head; with bands (H, bands, B, band, cells), ROW's row r of band
     b holding pair (b·band + r, j) at cell band + j - r, COL's likewise. In q's dtype, N' the padded rows
     (`_distance_padded_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by `_distance_slack` zeros
-    (with bands, preceded by as many: `_band_product`; `_distance_rows` views one band's products). Each is one
-    matmul per band against the table rows its ``cells`` index (`_distance_cells`), ``alpha`` = scale ·
-    log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
+    (with bands, preceded by as many: `_band_product`; `_distance_rows` views one band's products). Each is the
+    product per band with the table rows its ``cells`` index (`_distance_cells`; one matmul, or for 16-bit
+    tables `triton_products`' kernel), ``alpha`` = scale · log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
     dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
@@ -499,7 +499,10 @@ def _kernel_band_product(
     per_band = band if band else _distance_padded_rows(n, band)  # rows per band of each batch row
     m = batch * per_band
     flat, out = _product_buffer(H * bands, m, width, heads.dtype, heads.device, slack, lead=band > 0)
+    if POISON_DISTANCE_BUFFERS:  # (the tests) a cell the kernel misses stays NaN
+        out.fill_(float("nan"))
     heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
+    cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
     t = PRODUCT_TILES
     grid = (triton_cdiv(m, t.block_m), triton_cdiv(width, t.block_n), H * bands)
     _products()._distance_product_kernel[grid](
@@ -812,8 +815,8 @@ class _Config(NamedTuple):
     in groups because `torch.library.custom_op`'s autograd wrapper rebuilds the schema's arguments once per
     argument in every forward with grad (``torch._library.utils.fill_defaults``: each ``schema.arguments``
     access builds every argument anew), a cost quadratic in their number: with the 27 arguments the forward had
-    it took 152 µs a call here, against 21 µs now (`benchmarks/triton_dispatch.py`), in every layer of a
-    training step."""
+    it took 155 µs a call on the CPU here, against 16 µs now (`benchmarks/triton_dispatch.py`), in every layer of
+    a training step."""
 
     sat: int
     c2p: bool
@@ -825,9 +828,13 @@ class _Config(NamedTuple):
     drop_t: int
     band: int
 
+    def values(self) -> list[int]:
+        """The op's ``config`` list (booleans travel as 0 / 1)."""
+        return [int(x) for x in self]
+
     @classmethod
     def of(cls, values: list[int]) -> _Config:
-        """The settings from the op's ``config`` list (booleans travel as 0 / 1)."""
+        """The settings from the op's ``config`` list."""
         sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = values
         return cls(sat, c2p == 1, p2c == 1, p2p == 1, causal == 1, ij == 1, far_tiles == 1, drop_t, band)
 
@@ -847,7 +854,7 @@ def _fwd_op(
     base 2 (see `triton_kernels`); +inf on rows with no visible key). ``aux``: `_Aux`'s tensors, ``config``:
     `_Config`'s values."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells = aux
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
@@ -890,8 +897,9 @@ def _(q, k, v, pos_q, pos_k, aux, scale, config):
     return torch.empty_like(q, dtype=_out_dtype(q, drop_t)), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-# Set by the tests: the distance buffers that the kernels write whole are filled with NaN before the kernels run
-# instead of left as the allocator hands them out, so that a cell the kernels miss poisons the gradients.
+# Set by the tests: the distance buffers that the kernels write whole, and the distance tables that
+# `triton_products` writes, are filled with NaN before the kernels run instead of left as the allocator hands
+# them out, so that a cell the kernels miss poisons the results.
 POISON_DISTANCE_BUFFERS = False
 
 
@@ -965,7 +973,7 @@ def _bwd_op(
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent. ``aux`` and
     ``config`` as the forward's (`_Aux`, `_Config`)."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells = aux
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
@@ -1287,19 +1295,17 @@ def triton_attention(
             f"{row_stride} elements per row is too large"
         )
     seed = _draw_seed(device) if drop_t > 0 else None
-    # `_Aux`'s and `_Config`'s fields, in their order
-    aux = [lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells]
-    flags = (c2p, p2c, p2p, bool(geom.causal), ij, far_tiles)
-    config = [int(sat), *(int(f) for f in flags), drop_t, band]
+    aux = _Aux(lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed=seed, cells=cells)
+    config = _Config(int(sat), c2p, p2c, p2p, bool(geom.causal), ij, far_tiles, drop_t=drop_t, band=band)
     out, _ = _fwd_op(
         q,
         k,
         v,
         pos_q.contiguous() if pos_q is not None and (p2c or p2p) else None,
         pos_k.contiguous() if pos_k is not None and (c2p or p2p) else None,
-        aux,
+        list(aux),
         float(scale),
-        config,
+        config.values(),
     )
     return out.to(v.dtype), None
 

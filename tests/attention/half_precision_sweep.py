@@ -67,7 +67,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def lengths(ns: list[int], dtype: torch.dtype, float32_o: bool) -> None:
     """One case per length: batch 1, one head of dim 64, a log-bucketed table saturating at 16, c2p + p2c, the
-    default road and the interpreter's (or the GPU's) tiles."""
+    tables road and the interpreter's (or the GPU's) tiles."""
     real = triton_backend._out_dtype
     if float32_o:  # the forward's O in float32, as with dropout: DELTA = dO·O from the exact O
         triton_backend._out_dtype = lambda q, drop_t: torch.float32
@@ -81,8 +81,8 @@ def lengths(ns: list[int], dtype: torch.dtype, float32_o: bool) -> None:
 
 
 def grid(dtype: torch.dtype) -> None:
-    """The largest error of each result over `test_triton.GRID` (what its 16-bit tolerances bound), default road
-    and tiles, and the case that gave it."""
+    """The largest error of each result over `test_triton.GRID` (what its 16-bit tolerances bound), tables road
+    and default tiles, and the case that gave it."""
     worst: dict[str, tuple[float, str]] = {}
     for name, c in T.GRID.items():
         for result, err in case_errors(c, "tables", {}, dtype).items():

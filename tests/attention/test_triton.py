@@ -1131,6 +1131,7 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
 
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], dtype)
     slack = 37
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)  # a cell the kernel misses stays NaN
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cublas")
     want = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "triton")
@@ -1825,12 +1826,17 @@ def test_banded_distance_tables_match_eager_gpu(monkeypatch, name, dtype, dropou
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [512, 2048])
 def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
     """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
-    at 2048) from the product kernel and from cuBLAS's matmul: the same rounded values (float32 accumulation
-    in either; the sums' order may differ in the last bit)."""
+    at 2048) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
+    values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
+    unwritten."""
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    launched = []
+    real = triton_backend._kernel_band_product
+    monkeypatch.setattr(triton_backend, "_kernel_band_product", lambda *a: launched.append(1) or real(*a))
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
     sat = c.rel.saturation
@@ -1845,11 +1851,10 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
             triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
             0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
         )  # fmt: skip
+    assert len(launched) == 2  # ROW and COL, by the kernel; the matmul's pass launched none
     for got, want in zip(tables["triton"], tables["cublas"]):
-        assert got.shape == want.shape
-        torch.testing.assert_close(
-            got.float(), want.float(), rtol=2**-7 if dtype != torch.float32 else 1e-5, atol=1e-5
-        )
+        assert got.shape == want.shape and not got.isnan().any()
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -1906,7 +1911,10 @@ def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     plain = "triton (no position terms)"
     assert [r["impl"] for r in rows] == [
-        "triton 32x16 w4 s1", f"{plain} 32x16 w4 s1", "triton 16x32 w4 s1", f"{plain} 16x32 w4 s1"
+        "triton 32x16 w4 s1 tables",
+        f"{plain} 32x16 w4 s1 tables",
+        "triton 16x32 w4 s1 tables",
+        f"{plain} 16x32 w4 s1 tables",
     ]  # fmt: skip
     assert all("fwd_ms" in r and "fwd_bwd_ms" in r for r in rows)
     # the swept shapes, and the default (16x16 off CUDA) that each row's output is checked against
@@ -2484,6 +2492,12 @@ def test_gpu_plot_draws_the_measured_points_the_caps_of_that_gpu_and_the_targets
     assert colour("triton") == plot.ROAD_COLOURS["tables"] != plot.ROAD_COLOURS["distance"]
     results["environment"]["near_band"] = "distance"
     assert colour("triton") == plot.ROAD_COLOURS["distance"]
+    # the road row of the default road runs what `triton` runs: drawn dashed beside it
+    results["rows"].append(row("triton distance", 512, 11.0, 9.0))
+    styles = {line.get_label(): line.get_linestyle() for line in plot.figure(results, bounds).axes[0].lines}
+    assert styles["triton distance"] == "--" and styles["triton"] == "-"
+    assert colour("triton distance") == colour("triton")
+    results["rows"].pop()
     results["environment"]["device"] = "NVIDIA A100-SXM4-80GB"  # a GPU the bounds do not know: no caps
     assert not any(label.startswith("cap") for label in lines(plot.figure(results, bounds).axes[0]))
 
@@ -2781,6 +2795,21 @@ def test_custom_ops_take_their_inputs_in_few_arguments():
     with pytest.raises(ValueError):  # a config of another length
         triton_backend._Config.of([512, 1, 0])
     assert len(triton_backend._Aux._fields) == 12
+
+
+def test_a_call_with_every_auxiliary_input_trains(monkeypatch):
+    """Packed sequences with padding (segments and a key mask), dropout (a seed) and the distance road (its
+    cells): every field of `_Aux` is a tensor, so `custom_op` takes the list as that many inputs and the
+    backward returns a list of as many gradients (`_backward`); against eager times the kernels' mask."""
+    c = Case(n=60, heads=2, cu_seqlens=(0, 20, 50), terms=PositionTerms(c2p=True, p2c=True))
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", "distance")
+    captured = []
+    real = triton_backend._fwd_op
+    monkeypatch.setattr(triton_backend, "_fwd_op", lambda *a: captured.append(a[5]) or real(*a))
+    _compare_with_dropout(monkeypatch, c, torch.float32, DEVICE, 0.2, check_rate=False)
+    assert captured and all(t is not None for t in captured[0]), [
+        name for name, t in zip(triton_backend._Aux._fields, captured[0]) if t is None
+    ]
 
 
 def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
