@@ -1682,6 +1682,39 @@ GPU_GRID = {
 }
 
 
+# first of the GPU tests: a lease's `gpu-tests` step may be stopped before the end of the file
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [512, 2048])
+def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
+    """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
+    at 2048) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
+    values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
+    unwritten."""
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    launched = []
+    real = triton_backend._kernel_band_product
+    monkeypatch.setattr(triton_backend, "_kernel_band_product", lambda *a: launched.append(1) or real(*a))
+    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
+    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
+    sat = c.rel.saturation
+    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], "cuda")
+    tiles = [triton_backend.tiles_for(torch.device("cuda"), 64, name) for name in triton_backend.KERNEL_NAMES]
+    layout = triton_backend._distance_layout(sat, n, n, tiles, n > sat, 64, c.batch)
+    cells = triton_backend._distance_cells(lut, sat, *layout)
+    tables = {}
+    for product in triton_backend.DISTANCE_PRODUCT_MODES:
+        monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", product)
+        tables[product] = triton_backend._distance_tables(
+            triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
+            0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
+        )  # fmt: skip
+    assert len(launched) == 2  # ROW and COL, by the kernel; the matmul's pass launched none
+    for got, want in zip(tables["triton"], tables["cublas"]):
+        assert got.shape == want.shape and not got.isnan().any()
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(GPU_GRID))
@@ -1823,38 +1856,6 @@ def test_banded_distance_tables_match_eager_gpu(monkeypatch, name, dtype, dropou
     else:
         _compare(c, dtype, "cuda")
     assert len(bands) == 2 and bands[0] == bands[1] > 0, bands
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n", [512, 2048])
-def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
-    """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
-    at 2048) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
-    values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
-    unwritten."""
-    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
-    launched = []
-    real = triton_backend._kernel_band_product
-    monkeypatch.setattr(triton_backend, "_kernel_band_product", lambda *a: launched.append(1) or real(*a))
-    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
-    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
-    sat = c.rel.saturation
-    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], "cuda")
-    tiles = [triton_backend.tiles_for(torch.device("cuda"), 64, name) for name in triton_backend.KERNEL_NAMES]
-    layout = triton_backend._distance_layout(sat, n, n, tiles, n > sat, 64, c.batch)
-    cells = triton_backend._distance_cells(lut, sat, *layout)
-    tables = {}
-    for product in triton_backend.DISTANCE_PRODUCT_MODES:
-        monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", product)
-        tables[product] = triton_backend._distance_tables(
-            triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
-            0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
-        )  # fmt: skip
-    assert len(launched) == 2  # ROW and COL, by the kernel; the matmul's pass launched none
-    for got, want in zip(tables["triton"], tables["cublas"]):
-        assert got.shape == want.shape and not got.isnan().any()
-        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
 
 
 @pytest.mark.gpu
