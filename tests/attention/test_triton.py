@@ -225,7 +225,7 @@ def test_fully_padded_row_outputs_zeros_and_zero_gradients():
     assert grads[0][2].abs().max() == 0 and grads[2][2].abs().max() == 0  # dq, dv of that row
 
 
-@pytest.mark.parametrize("near_band", ["tables", "skew"])
+@pytest.mark.parametrize("near_band", ["tables", "distance", "skew"])
 def test_left_padded_keys_match_eager(monkeypatch, near_band):
     """Keys hidden at the start of a row keep the kernels' loops off the first blocks (their ranges start
     later): the distance cells whose partner lies there are never visited, and the kernels write their zeros
@@ -244,7 +244,7 @@ TERMS = {
 }
 
 
-@pytest.mark.parametrize("near_band", ["tables", "skew"])
+@pytest.mark.parametrize("near_band", ["tables", "distance", "skew"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("terms", list(TERMS))
 def test_key_mask_with_holes_matches_eager(monkeypatch, terms, causal, near_band):
@@ -718,30 +718,47 @@ def _on_road(monkeypatch, road: str):
     return check
 
 
+def _took(road: str, reaches: list[int]) -> None:
+    """The call took ``road``: distance tables built once per direction at one reach, or none (tables)."""
+    if road == "distance":
+        assert len(reaches) == 2 and reaches[0] == reaches[1], reaches  # one reach for both directions
+    else:
+        assert reaches == [], reaches
+
+
+# The two roads of the cases where the distance road applies: the distance road (the default since 2026-11-26,
+# which the grid's tests above take there too) and the tables road (the default before; the grid's tests took it)
+ROADS_AT_I_MINUS_J = ["distance", "tables"]
+
+
+@pytest.mark.parametrize("road", ROADS_AT_I_MINUS_J)
 @pytest.mark.parametrize("name", DIST_GRID)
-def test_distance_tables_match_eager_float32(monkeypatch, name):
+def test_near_band_roads_match_eager_float32(monkeypatch, name, road):
     """Forward and backward reading the near band from distance tables (two strided tile loads per near tile,
-    no gather), against eager: outputs and every gradient; both directions took that road."""
-    _near_band(monkeypatch, "distance")
+    no gather) or gathering it from the tables, against eager: outputs and every gradient; both directions
+    took that road."""
+    _near_band(monkeypatch, road)
     reaches = _distance_reaches(monkeypatch)
     _compare(GRID[name], torch.float32, DEVICE)
-    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches  # one reach for both directions
+    _took(road, reaches)
 
 
+@pytest.mark.parametrize("road", ROADS_AT_I_MINUS_J)
 @pytest.mark.parametrize(
     "name", ["n70_saturating", "packed_causal", "padding", "cross_nq_gt_nk", "d64_heads2"]
 )
-def test_distance_tables_match_eager_bfloat16(monkeypatch, name):
-    """bfloat16: the tables hold the position terms rounded to bfloat16 (as 16-bit eager implementations round
-    them), within the grid's tolerance of eager's float32 terms."""
-    _near_band(monkeypatch, "distance")
+def test_near_band_roads_match_eager_bfloat16(monkeypatch, name, road):
+    """bfloat16: the distance tables hold the position terms rounded to bfloat16 (as 16-bit eager
+    implementations round them), within the grid's tolerance of eager's float32 terms."""
+    _near_band(monkeypatch, road)
     reaches = _distance_reaches(monkeypatch)
     _compare(GRID[name], torch.bfloat16, DEVICE)
-    assert len(reaches) == 2 and reaches[0] == reaches[1], reaches  # one reach for both directions
+    _took(road, reaches)
 
 
-def test_distance_tables_match_eager_float16(monkeypatch):
-    _near_band(monkeypatch, "distance")
+@pytest.mark.parametrize("road", ROADS_AT_I_MINUS_J)
+def test_near_band_roads_match_eager_float16(monkeypatch, road):
+    _near_band(monkeypatch, road)
     _compare(GRID["packed"], torch.float16, DEVICE)
 
 
@@ -1820,13 +1837,13 @@ def test_skewed_kernels_match_eager_gpu(monkeypatch, name, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", GPU_DISTANCE_I_MINUS_J)
-def test_distance_tables_match_eager_gpu(monkeypatch, name, dtype):
-    """The distance tables at real sizes and tiles (`GPU_TILES`: the tables' reach and their zeros after the last
-    (b, h) sized for them), both directions on that road."""
-    _near_band(monkeypatch, "distance")
+def test_tables_road_matches_eager_gpu(monkeypatch, name, dtype):
+    """The tables road at real sizes and tiles, where the distance road applies: the default before 2026-11-26,
+    which `test_matches_eager_gpu` took there then (it takes the distance road now); no distance table built."""
+    _near_band(monkeypatch, "tables")
     reaches = _distance_reaches(monkeypatch)
     _compare(GPU_GRID[name], dtype, "cuda")
-    assert len(reaches) == 2, reaches
+    assert reaches == [], reaches
 
 
 # v3 inputs no longer than the saturation (512): no tile is far, the distance tables come in bands of the
