@@ -9,6 +9,7 @@ nearly equal terms that rounding is large against the result (see README, GPU ke
     python tests/attention/half_precision_sweep.py --lengths 64 256 1024   # one realistic case per length
     python tests/attention/half_precision_sweep.py --lengths 64 --float32-o  # O kept in float32 for DELTA
     python tests/attention/half_precision_sweep.py --grid                     # the named grid (`GRID`)
+    python tests/attention/half_precision_sweep.py --grid --road tables      # … on the tables road
 """
 
 from __future__ import annotations
@@ -65,27 +66,27 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-3)
 
 
-def lengths(ns: list[int], dtype: torch.dtype, float32_o: bool) -> None:
-    """One case per length: batch 1, one head of dim 64, a log-bucketed table saturating at 16, c2p + p2c, the
-    tables road and the interpreter's (or the GPU's) tiles."""
+def lengths(ns: list[int], dtype: torch.dtype, float32_o: bool, road: str) -> None:
+    """One case per length: batch 1, one head of dim 64, a log-bucketed table saturating at 16, c2p + p2c, on
+    ``road`` and the interpreter's (or the GPU's) tiles."""
     real = triton_backend._out_dtype
     if float32_o:  # the forward's O in float32, as with dropout: DELTA = dO·O from the exact O
         triton_backend._out_dtype = lambda q, drop_t: torch.float32
     try:
         for n in ns:
             c = T.Case(n=n, dim=64, terms=T.PositionTerms(c2p=True, p2c=True))
-            errs = case_errors(c, "tables", {}, dtype)
+            errs = case_errors(c, road, {}, dtype)
             print(f"N = {n}: " + ", ".join(f"{k} {v:.4f}" for k, v in errs.items()), flush=True)
     finally:
         triton_backend._out_dtype = real
 
 
-def grid(dtype: torch.dtype) -> None:
-    """The largest error of each result over `test_triton.GRID` (what its 16-bit tolerances bound), tables road
-    and default tiles, and the case that gave it."""
+def grid(dtype: torch.dtype, road: str) -> None:
+    """The largest error of each result over `test_triton.GRID` (what its 16-bit tolerances bound) on ``road``
+    (where it applies; the tables road elsewhere) at the default tiles, and the case that gave it."""
     worst: dict[str, tuple[float, str]] = {}
     for name, c in T.GRID.items():
-        for result, err in case_errors(c, "tables", {}, dtype).items():
+        for result, err in case_errors(c, road, {}, dtype).items():
             if "[" not in result:
                 _keep_worst(worst, result, err, name)
     for result, (err, name) in worst.items():
@@ -100,13 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", nargs="+", type=int, help="instead: one realistic case per length")
     p.add_argument("--float32-o", action="store_true", help="with --lengths: the forward's O kept in float32")
     p.add_argument("--grid", action="store_true", help="instead: the largest error over the named grid")
+    p.add_argument(
+        "--road",
+        default=triton_backend.NEAR_BAND,
+        choices=triton_backend.NEAR_BAND_MODES,
+        help="with --grid or --lengths: the near-band road (default: the backend's)",
+    )
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     if args.grid:
-        grid(dtype)
+        grid(dtype, args.road)
         return 0
     if args.lengths:
-        lengths(args.lengths, dtype, args.float32_o)
+        lengths(args.lengths, dtype, args.float32_o, args.road)
         return 0
     worst: dict[tuple[str, str], tuple[float, int]] = {}
     saturated: dict[str, tuple[float, int]] = {}  # cases where every pair saturates (see below)
