@@ -305,23 +305,24 @@ def _attention_rows(
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates:
+        triton_fn = get_backend("triton", request).fn  # (the rows below call it with settings of their own)
         for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
         three_runs = _with_backend_settings(candidates["triton"][0], ONE_NEAR_RUN=False)
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
         cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
         candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
-        triton_call, geometry = get_backend("triton", request).fn, Geometry()
+        geometry = Geometry()
 
         def shared_geometry():  # one geometry for every call, as a model's layers share theirs
-            out, _ = triton_call(
+            out, _ = triton_fn(
                 q, k, v, pos_q, pos_k, rel, geometry, scale=scale, terms=terms, dropout_p=dropout_p
             )
             return out
 
         candidates[SHARED_GEOMETRY_ROW] = (shared_geometry, leaves, grad)
     if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
-        triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
+        no_terms = PositionTerms(c2p=False, p2c=False)
 
         def plain():  # the same kernels with no position terms: their loop's own ceiling at these tiles
             # at sdpa's scale (1 / sqrt(d): no position terms to share it with), so both compute one function
