@@ -33,7 +33,7 @@ FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT"
 # with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16
 # (`triton_backend._distance_tables`)
 DISTANCE_TABLES = {"ROW", "COL"}
-SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "LDL", "STL", "MUFU.EX2")
+SASS_OPS = ("HGMMA", "HMMA", "LDG", "STG", "STG.128", "LDL", "STL", "MUFU.EX2")  # STG.128: 16-byte stores
 MMA_OPS = ("HGMMA", "HMMA")
 # "/*0a40*/   @!P0 LDG.E.64 R4, desc[UR6][R2.64] ;": the address and the opcode, after an optional predicate
 _SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
@@ -224,24 +224,31 @@ def compile_kernel(
 
 def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
-    reads the attention kernels. The launch tells the compiler what it tells it at run time: the input pointers,
-    the operands' strides and the rows per band are multiples of 16; the output starts after the zeros before a
-    banded table (not aligned in general) and its width R + 1, the row stride, is odd: the stores are not
-    vectorised."""
+    reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
+    output too: `triton_backend._product_buffer` aligns a banded table's start), the operands' strides, the rows
+    per band, the rows M and R (the row stride less one) are multiples of 16. The row stride itself is odd: the
+    stores are vectorised only where the kernel's arithmetic shows each row's start a multiple of 16 bytes
+    (``ops["STG.128"]``)."""
     from triton.compiler import ASTSource
 
     from debertakit.attention import triton_products
 
     fn = triton_products._distance_product_kernel
     constexprs = dict(
-        D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=1 if dtype == "fp32" else 0
+        D=head_dim,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        VEC=4
+        if dtype == "fp32"
+        else 8,  # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
+        PREC=1 if dtype == "fp32" else 0,
     )
     pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype)
     sig = {
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names
     }
-    aligned = {"X", "T", "CELLS", "stride_xh", "stride_xr", "stride_th", "stride_tr", "LB"}
+    aligned = {"X", "T", "CELLS", "OUT", "stride_xh", "stride_xr", "stride_th", "stride_tr", "LB", "R", "M"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return inspect_compiled(fn.__name__, compile_source(src, tiles.options, capability))
@@ -268,6 +275,7 @@ def inspect_compiled(name: str, compiled) -> Compiled:
         raise RuntimeError(f"unexpected cuobjdump output: {usage.stdout[:400]!r} {usage.stderr[:400]!r}")
     words = [op for _, op, _ in _SASS_LINE.findall(sass.stdout)]
     counts = collections.Counter(w if w.startswith("MUFU.EX2") else w.split(".")[0] for w in words)
+    counts["STG.128"] = sum(w.startswith("STG.") and w.endswith(".128") for w in words)
     return Compiled(
         registers=int(regs.group(1)),
         stack_bytes=int(stack.group(1)),

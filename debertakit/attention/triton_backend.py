@@ -344,20 +344,32 @@ def _log2_band(band: int) -> int:
 def _product_buffer(
     heads: int, m: int, n: int, dtype: torch.dtype, device, slack: int, lead: bool
 ) -> tuple[Tensor, Tensor]:
-    """A flat buffer for (heads, m, n) products followed by ``slack`` zeros, with ``lead`` as many before them
-    (one fill for both), and the products' (heads, m, n) view of it."""
-    start = slack if lead else 0
-    flat = torch.empty(start + heads * m * n + slack, dtype=dtype, device=device)
+    """A buffer for (heads, m, n) products followed by ``slack`` zeros and, with ``lead``, preceded by as many
+    (one fill for both): the products and the zeros after them, flat, and the products' (heads, m, n) view.
+
+    With ``lead`` the products start `LEAD_ALIGN` elements into the buffer or a multiple of that (the
+    allocator's 16-byte alignment kept): Triton specialises a launch on each pointer's 16-byte alignment, and a
+    banded distance table that started on an odd element (its lead, `_distance_slack`, is odd) had the attention
+    kernels compiled with element loads: ncu counted 4.5–5.3 sectors per load request in the three kernels at
+    N = 512, against 10.8–13.5 at 8192 with one (aligned) band (H100, `benchmarks/results/attention_ncu_h100.md`).
+    The product kernel's 16-byte stores need the same. The elements before the zeros are never read."""
+    start = triton_cdiv(slack, LEAD_ALIGN) * LEAD_ALIGN if lead else 0
+    size = heads * m * n
+    flat = torch.empty(start + size + slack, dtype=dtype, device=device)
     zeros = (2, slack) if lead else (1, slack)
-    flat.as_strided(zeros, (start + heads * m * n, 1), 0 if lead else start + heads * m * n).zero_()
-    return flat, flat[start : start + heads * m * n].view(heads, m, n)
+    flat.as_strided(zeros, (size + slack, 1), start - slack if lead else size).zero_()
+    return flat[start:], flat[start : start + size].view(heads, m, n)
+
+
+# Elements before a product buffer's products (`_product_buffer`): 128 bytes of 16-bit values.
+LEAD_ALIGN = 64
 
 
 def _scaled_product(
     a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int, lead: bool = False
 ) -> Tensor:
     """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros and with
-    ``lead`` as many before it (`_product_buffer`): on a GPU one matmul whose float32 accumulator is scaled and
+    ``lead`` as many (or more) before it (`_product_buffer`): on a GPU one matmul whose float32 accumulator is scaled and
     rounded once (``baddbmm`` with beta 0: its input is not read); on the CPU (the interpreter), or with operands
     of another dtype, in float32, then rounded. Scaling here costs no pass of its own, and a scaled table holds
     what the scores add (float16 ones stay far from overflow)."""
@@ -454,24 +466,25 @@ def _band_product(
     rows = _pad_rows(heads, batch, n, _distance_padded_rows(n, band))
     a = rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
     b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
-    return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)[slack if band else 0 :]
+    return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)
 
 
 # How the distance tables' products run: "triton", one kernel writing each table in place at its odd row stride
 # R + 1 (`triton_products`); "cublas", one batched matmul per table, which cuBLAS runs on a one-element-aligned
 # kernel at that stride (1.69 ms of the forward's 2.50 at N = 2048 on an H200: `triton_products`' docstring).
-# The benchmark's row "triton (cuBLAS tables)" times the second beside the first.
+# The benchmark's row "triton (cuBLAS tables)" times the second beside the first: on an H100 the kernel's first
+# version made the forward 1.37× as fast at N = 2048, 1.61× at 512 (`benchmarks/results/attention_gpu_h100_targets.json`).
 DISTANCE_PRODUCT_MODES = ("triton", "cublas")
 DISTANCE_PRODUCT = "triton"
 # The product kernel's tiles: one dot over the head dim per block, BLOCK_M rows of q / k by BLOCK_N cells. Not
-# tuned on a GPU (none has run it yet): 64×64 with 4 warps compiles for sm_90 without spills at every head dim
+# tuned on a GPU: 64×64 with 4 warps compiles for sm_90 without spills at every head dim, with 16-byte stores
 # (tests/attention/compile_triton_kernels.py).
 PRODUCT_TILES = Tiles(64, 64, 4, 1)
 
 
 def _product_kernel_serves(heads: Tensor, table: Tensor, cells: Tensor) -> bool:
     """Whether `DISTANCE_PRODUCT` has the kernel build this table: 16-bit operands of one dtype, (head, band)
-    pairs within the launch grid's third axis. float32 tables stay with the matmul: IEEE float32 products run
+    pairs within the launch grid's second axis. float32 tables stay with the matmul: IEEE float32 products run
     on the CUDA cores either way (cuBLAS's float32 kernels ask for 4-byte alignment only), and the kernel
     compiled for them spills registers at head dim 64 and 128 (tests/attention/compile_triton_kernels.py)."""
     if DISTANCE_PRODUCT not in DISTANCE_PRODUCT_MODES:
@@ -504,7 +517,9 @@ def _kernel_band_product(
     heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
     cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
     t = PRODUCT_TILES
-    grid = (triton_cdiv(m, t.block_m), triton_cdiv(width, t.block_n), H * bands)
+    vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
+    blocks = triton_cdiv(width - 1 + vec, t.block_n) * triton_cdiv(m, vec * t.block_m) * vec
+    grid = (blocks, H * bands)
     _products()._distance_product_kernel[grid](
         heads,
         table,
@@ -518,13 +533,14 @@ def _kernel_band_product(
         n,
         per_band,
         bands,
-        width,
+        width - 1,
         m,
         D=d,
+        VEC=vec,
         PREC=_precision(heads),
         **_launch(t),
     )
-    return flat[slack if band else 0 :]
+    return flat
 
 
 def _distance_slack(cells: int, nq: int, nk: int, band: int = 0) -> int:

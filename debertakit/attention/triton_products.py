@@ -5,17 +5,28 @@ A distance table holds, per head and band, the products ``alpha · x_i · T[cell
 pair (i, j) land at ``i·R + j`` from row 0's cell of distance 0, so that the attention kernels read a near tile as
 one strided tile (see `triton_kernels`). R is a multiple of 16, so that stride is odd. cuBLAS's tensor-core kernels
 need 16-byte aligned row strides; with an odd one it ran the product on a pre-Hopper kernel for one-element
-alignment (``cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_tn_align1``): on an H200 (2026-11-26,
-``benchmarks/attention_gpu.py --sections profile``, `benchmarks/results/attention_gpu_h200.json`) 1.69 ms of
-the forward's 2.50 ms at N = 2048 and 1.67 of 3.81 at 8192 (batch·N = 16384, 12 heads, d 64), twice that in a
-training step (the backward builds the tables again); the attention kernel itself took 0.73 and 2.06 ms.
+alignment (``cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_tn_align1``): 1.62 ms for the two tables at N = 2048
+and 8192 on an H100, 1.69 ms on an H200 (batch·N = 16384, 12 heads, d 64; ``benchmarks/attention_gpu.py
+--sections profile``, `benchmarks/results/attention_gpu_h100.json`, `attention_gpu_h200.json`), twice that in a
+training step (the backward builds the tables again).
 
-This kernel writes the table where it lies, at its odd stride (element stores: Triton cannot prove a row's start
-aligned), and reads what cuBLAS was given as copies in place: q / k through their strides (no copy into
-band-major order, no zero rows for the padding: rows past a batch row's N tokens are stored as zeros) and the
-position-table rows through ``cells`` (no gathered copy of the table). One program computes a BLOCK_M × BLOCK_N
-block of one (head, band): a single dot over the head dim, scaled by ``alpha`` in float32 and rounded once to
-the table's dtype, as the matmul did.
+This kernel writes the table where it lies, at its odd stride, and reads what cuBLAS was given as copies in
+place: q / k through their strides (no copy into band-major order, no zero rows for the padding: rows past a
+batch row's N tokens are stored as zeros) and the position-table rows through ``cells`` (no gathered copy of the
+table). One program computes BLOCK_M rows by BLOCK_N cells of one (head, band): a single dot over the head dim,
+scaled by ``alpha`` in float32 and rounded once to the table's dtype, as the matmul did.
+
+The stores. Row m's cell e lies at ``m·(R + 1) + e``, which is ``m + e`` modulo 16: rows start on every element
+in turn. A block of consecutive rows and the same cells (the first version of this kernel) therefore stored
+element by element, each with its own 64-bit address: on an H100 the two tables took 0.951 ms at N = 2048 and
+8192, 1.0 TB/s of the memory's 3.35, with issue slots 51–63% busy and the stalls on integer multiply-adds
+(`benchmarks/results/attention_ncu_h100.md`). Here a program's rows instead share their residue s modulo VEC (the
+elements in 16 bytes): rows ``group + s + VEC·i``, each starting at cell ``pid_n·BLOCK_N - s``. Every row's
+first element then lies at ``m·R + group + VEC·i + pid_n·BLOCK_N`` from the table's start, a multiple of VEC
+that Triton can see, and the block's inner tiles (no cell outside 0 … R) store 16 bytes at a time; the first and
+last tile of each row mask their cells and store elements (a block reaches up to VEC - 1 cells left of 0, so
+there are ``cdiv(R + VEC, BLOCK_N)`` blocks a row). The column blocks run fastest in the launch grid, so that
+the programs writing one row's cells run together.
 """
 
 from __future__ import annotations
@@ -30,8 +41,8 @@ from debertakit.attention.triton_kernels import _mm  # a @ b by PREC, as the att
 def _distance_product_kernel(
     X,  # (H, B·N, D) rows per head: q (ROW) or k (COL), through strides, D contiguous
     T,  # (H, table rows, D) position table (Kr for ROW, Qr for COL), D contiguous
-    CELLS,  # (BANDS, WIDTH) int64: the table row each cell of a band's rows stands for
-    OUT,  # (H·BANDS, M, WIDTH) contiguous, M = B·LB: the table from its first cell
+    CELLS,  # (BANDS, R + 1) int64: the table row each cell of a band's rows stands for
+    OUT,  # (H·BANDS, M, R + 1) contiguous, M = B·LB: the table from its first cell
     alpha,
     stride_xh,
     stride_xr,
@@ -40,41 +51,59 @@ def _distance_product_kernel(
     N,  # tokens per batch row
     LB,  # rows per band and batch row (with one band: the padded rows N')
     BANDS,
-    WIDTH,  # cells per row (R + 1), the output's row stride
+    R,  # cells per row less one, a multiple of 16; R + 1 is the output's row stride
     M,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    VEC: tl.constexpr,  # elements in 16 bytes
     PREC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    hb = tl.program_id(2)  # head · BANDS + band
+    # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short)
+    col_blocks = tl.cdiv(R + VEC, BLOCK_N)
+    pid_n = tl.program_id(0) % col_blocks
+    pid_m = tl.program_id(0) // col_blocks
+    hb = tl.program_id(1)  # head · BANDS + band
     h = hb // BANDS
     band = hb % BANDS
     d = tl.arange(0, D)
 
-    # the block's rows: row m of (head, band) is token band·LB + m % LB of batch row m // LB
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # the block's rows, all of residue s modulo VEC: m = group + s + VEC·i; row m is token band·LB + m % LB of
+    # batch row m // LB
+    s = pid_m % VEC
+    group = (pid_m // VEC) * (VEC * BLOCK_M)
+    step = VEC * tl.arange(0, BLOCK_M)
+    m = group + s + step
     token = band * LB + m % LB
     real = (m < M) & (token < N)  # rows past N (the padding up to whole bands / N') are zeros
-    x_rows = (m // LB) * N + token
     x = tl.load(
-        X + h.to(tl.int64) * stride_xh + x_rows.to(tl.int64)[:, None] * stride_xr + d[None, :],
+        X
+        + h.to(tl.int64) * stride_xh
+        + ((m // LB) * N + token).to(tl.int64)[:, None] * stride_xr
+        + d[None, :],
         mask=real[:, None],
         other=0.0,
     )  # (BLOCK_M, D)
 
-    # the block's cells and the table rows they stand for
-    e = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_row = e < WIDTH
-    rows = tl.load(CELLS + band * WIDTH + e, mask=in_row, other=0)
+    # the block's cells, shifted by the residue, and the table rows they stand for
+    first = pid_n * BLOCK_N - s
+    e = first + tl.arange(0, BLOCK_N)
+    in_row = (e >= 0) & (e <= R)
+    rows = tl.load(CELLS + band * (R + 1) + e, mask=in_row, other=0)
     t = tl.load(
         T + h.to(tl.int64) * stride_th + rows[:, None] * stride_tr + d[None, :],
         mask=in_row[:, None],
         other=0.0,
     )  # (BLOCK_N, D)
 
-    acc = _mm(x, tl.trans(t), PREC) * alpha  # (BLOCK_M, BLOCK_N) float32
-    out = OUT + (hb.to(tl.int64) * M + m.to(tl.int64)[:, None]) * WIDTH + e[None, :]
-    tl.store(out, acc.to(OUT.dtype.element_ty), mask=(m < M)[:, None] & in_row[None, :])
+    acc = (_mm(x, tl.trans(t), PREC) * alpha).to(OUT.dtype.element_ty)  # (BLOCK_M, BLOCK_N)
+    # m·(R + 1) + e = m·R + (group + VEC·i) + pid_n·BLOCK_N + j: all but j multiples of VEC
+    start = hb.to(tl.int64) * M * (R + 1) + group + pid_n * BLOCK_N
+    out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + tl.arange(0, BLOCK_N)[None, :]
+    rows_in = (m < M)[:, None]
+    if (first >= 0) & (
+        first + BLOCK_N - 1 <= R
+    ):  # an inner tile: a mask constant along the row, vector stores
+        tl.store(out, acc, mask=rows_in)
+    else:
+        tl.store(out, acc, mask=rows_in & in_row[None, :])

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
-    products = []
+    products, scalar_stores = [], []
     for dtype, head_dim in itertools.product(("bf16", "fp16"), (16, 32, 64, 128)):
         c = compile_product_kernel(dtype, head_dim, PRODUCT_TILES)
         n += 1
@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             spills.append(f"_distance_product_kernel {dtype} d{head_dim} {PRODUCT_TILES}: {c}")
         if not any(c.ops[op] for op in MMA_OPS):
             products.append(f"_distance_product_kernel {dtype} d{head_dim}")
+        if not c.ops["STG.128"]:  # the inner tiles' 16-byte stores (`triton_products`)
+            scalar_stores.append(f"_distance_product_kernel {dtype} d{head_dim}: {c.ops}")
     premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         ("shared memory beyond the GPU's", oversized),
         ("tensor cores not where triton_backend.TRITON_TENSOR_CORES says", premise),
         ("distance-table products without tensor-core instructions", products),
+        ("distance-table products without 16-byte stores", scalar_stores),
     )
     for title, problems in checks:
         if problems:

@@ -1097,7 +1097,10 @@ def test_banded_distance_tables_hold_each_pairs_terms():
     size = H * B * rows * cells
     assert slack >= cells and row.numel() == size + slack and bool((row[size:] == 0).all())
     before = torch.as_strided(row, (slack,), (1,), row.storage_offset() - slack)  # the zeros before the table
-    assert row.storage_offset() == slack and bool((before == 0).all())
+    assert row.storage_offset() >= slack and bool((before == 0).all())
+    assert (
+        row.storage_offset() % triton_backend.LEAD_ALIGN == 0 and row.data_ptr() % 16 == 0
+    )  # `_product_buffer`
     i, j = torch.meshgrid(torch.arange(N), torch.arange(N), indexing="ij")
     i, j = i.flatten(), j.flatten()
     for name, table, own, other in (("c2p", row, i, j), ("p2c", col, j, i)):
@@ -1112,9 +1115,12 @@ def test_banded_distance_tables_hold_each_pairs_terms():
 
 
 # The distance tables' products (`_band_product`) over shapes: one band and bands, one batch row and several,
-# rows not filling the last band, every head dim the kernels take
+# rows not filling the last band, every head dim the kernels take, rows for more than one of the product
+# kernel's row groups (VEC·BLOCK_M = 512 at 16 bits), a row shorter than one column block
 PRODUCT_GRID = {
     "one_band": dict(batch=2, n=70, heads=3, dim=16, band=0),
+    "one_band_groups": dict(batch=3, n=200, heads=1, dim=16, band=0),
+    "short_rows": dict(batch=2, n=5, heads=2, dim=32, band=0),
     "one_band_d64_b1": dict(batch=1, n=33, heads=2, dim=64, band=0),
     "bands": dict(batch=3, n=100, heads=2, dim=32, band=64),
     "bands_d128": dict(batch=2, n=40, heads=1, dim=128, band=16),
@@ -1156,11 +1162,19 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
     with record_run("triton_products.py") as (_, launches):
         got = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
     assert list(launches) == ([] if dtype == torch.float32 else ["_distance_product_kernel"])
-    assert got.shape == want.shape and got.storage_offset() == want.storage_offset() == (slack if band else 0)
+    # with bands the zeros before the table end where it starts, LEAD_ALIGN-aligned: its pointer is 16-byte
+    # aligned, as the kernels' vector loads and stores need (`_product_buffer`)
+    lead = (
+        triton_backend.triton_cdiv(slack, triton_backend.LEAD_ALIGN) * triton_backend.LEAD_ALIGN
+        if band
+        else 0
+    )
+    assert got.shape == want.shape and got.storage_offset() == want.storage_offset() == lead
+    assert got.data_ptr() % 16 == want.data_ptr() % 16 == 0
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert bool((got[-slack:] == 0).all())
     if band:
-        before = torch.as_strided(got, (slack,), (1,), 0)
+        before = torch.as_strided(got, (slack,), (1,), lead - slack)
         assert bool((before == 0).all())
     with record_run("triton_products.py") as (_, launches):  # a table of another dtype: the matmul's fallback
         other = torch.float32 if dtype != torch.float32 else torch.bfloat16
