@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -154,10 +155,23 @@ def _ncu(work: Path, seconds: float, smoke: bool) -> list[str] | None:
     )  # fmt: skip
 
 
+# Processes for the GPU tests where pytest-xdist imports (the GPU image has it): a test's time is mostly Triton
+# compiling its kernels on one core (26 of the 108 tests in 225 s on an H200, 34 in 300 s on an H100, one process),
+# and the machines have 16 cores. Four, not more: under `-n 8` six tests once ran out of GPU memory beside each
+# other (README, "GPU kernel (Triton)"); the tests' conftest now empties each process's CUDA cache after a test.
+TEST_WORKERS = 4
+
+
+def _workers() -> list[str]:
+    """pytest's arguments to run the GPU tests in `TEST_WORKERS` processes, none without pytest-xdist."""
+    return ["-n", str(TEST_WORKERS)] if importlib.util.find_spec("xdist") else []
+
+
 def _pytest(*args: str, xml: str) -> Callable[[Path, float, bool], list[str]]:
     def argv(work: Path, seconds: float, smoke: bool) -> list[str]:
-        collect = ["--collect-only"] if smoke else []  # without CUDA the GPU tests would only be skipped
-        return _python("-m", "pytest", *args, "-v", *collect, "--junitxml", str(work / xml))
+        # without CUDA the GPU tests would only be skipped: a smoke run collects them, in one process
+        run = ["--collect-only"] if smoke else _workers()
+        return _python("-m", "pytest", *args, "-v", *run, "--junitxml", str(work / xml))
 
     return argv
 

@@ -34,6 +34,16 @@ def _poison_unfilled_buffers(monkeypatch):
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
 
 
+@pytest.fixture(autouse=True)
+def _release_cuda_cache():
+    # GPU tests in several processes (`benchmarks/gpu_suite.py`'s `gpu-tests` step): each process's caching
+    # allocator would keep what its tests freed, out of the others' reach (under `-n 8`, before this, six tests
+    # ran out of GPU memory beside each other)
+    yield
+    if _WORKERS > 1 and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

@@ -325,3 +325,15 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     assert measured >= {*suite.ROADS, *suite.CEILINGS} - {"flashdeberta"}  # flashdeberta: GPU only
     collected = re.search(r"(\d+)/\d+ tests collected", (work / "logs" / "gpu-tests.log").read_text())
     assert collected and int(collected.group(1)) > 0  # the GPU tests, by their marker
+
+
+def test_gpu_tests_run_in_several_processes_where_xdist_imports(suite, monkeypatch, tmp_path):
+    """The `gpu-tests` step hands pytest-xdist's ``-n TEST_WORKERS`` where it imports, nothing where it does
+    not, and a smoke run only collects, in one process."""
+    step = suite.STEPS["gpu-tests"]
+    argv = step.argv(tmp_path, 100.0, False)
+    assert argv[argv.index("-n") + 1] == str(suite.TEST_WORKERS) and "--collect-only" not in argv
+    smoke = step.argv(tmp_path, 100.0, True)
+    assert "--collect-only" in smoke and "-n" not in smoke
+    monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name: None if name == "xdist" else object())
+    assert "-n" not in step.argv(tmp_path, 100.0, False)
