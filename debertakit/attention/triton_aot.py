@@ -234,14 +234,11 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
     from debertakit.attention import triton_products
 
     fn = triton_products._distance_product_kernel
+    vec = (
+        4 if dtype == "fp32" else 8
+    )  # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
     constexprs = dict(
-        D=head_dim,
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        VEC=4
-        if dtype == "fp32"
-        else 8,  # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
-        PREC=1 if dtype == "fp32" else 0,
+        D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, VEC=vec, PREC=1 if dtype == "fp32" else 0
     )
     pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype)
     sig = {

@@ -369,10 +369,10 @@ def _scaled_product(
     a: Tensor, b: Tensor, alpha: float, dtype: torch.dtype, slack: int, lead: bool = False
 ) -> Tensor:
     """``alpha · a @ b`` in ``dtype``, a (H, M, K), b (H, K, N), flat, followed by ``slack`` zeros and with
-    ``lead`` as many (or more) before it (`_product_buffer`): on a GPU one matmul whose float32 accumulator is scaled and
-    rounded once (``baddbmm`` with beta 0: its input is not read); on the CPU (the interpreter), or with operands
-    of another dtype, in float32, then rounded. Scaling here costs no pass of its own, and a scaled table holds
-    what the scores add (float16 ones stay far from overflow)."""
+    ``lead`` as many (or more) before it (`_product_buffer`): on a GPU one matmul whose float32 accumulator is
+    scaled and rounded once (``baddbmm`` with beta 0: its input is not read); on the CPU (the interpreter), or
+    with operands of another dtype, in float32, then rounded. Scaling here costs no pass of its own, and a scaled
+    table holds what the scores add (float16 ones stay far from overflow)."""
     heads, m, n = a.shape[0], a.shape[1], b.shape[2]
     flat, out = _product_buffer(heads, m, n, dtype, a.device, slack, lead)
     if a.device.type != "cpu" and a.dtype == b.dtype == dtype:
@@ -473,7 +473,8 @@ def _band_product(
 # R + 1 (`triton_products`); "cublas", one batched matmul per table, which cuBLAS runs on a one-element-aligned
 # kernel at that stride (1.69 ms of the forward's 2.50 at N = 2048 on an H200: `triton_products`' docstring).
 # The benchmark's row "triton (cuBLAS tables)" times the second beside the first: on an H100 the kernel's first
-# version made the forward 1.37× as fast at N = 2048, 1.61× at 512 (`benchmarks/results/attention_gpu_h100_targets.json`).
+# version made the forward 1.37× as fast at N = 2048, 1.61× at 512
+# (`benchmarks/results/attention_gpu_h100_targets.json`).
 DISTANCE_PRODUCT_MODES = ("triton", "cublas")
 DISTANCE_PRODUCT = "triton"
 # The product kernel's tiles: one dot over the head dim per block, BLOCK_M rows of q / k by BLOCK_N cells. Not
