@@ -144,7 +144,7 @@ def _compiled(fn, launch) -> tuple[str, str]:
 
 def measure(args, impl: str) -> list[dict] | None:
     """Rows (one per kernel) of one implementation: its load sites' traffic per call, and totals per 1000 pairs."""
-    from debertakit.attention.triton_access import access_bytes, load_sites, traffic
+    from debertakit.attention.triton_access import access_bytes, load_sites, load_widths, traffic
 
     run = _interpreted(args, impl)
     if run is None:
@@ -154,8 +154,8 @@ def measure(args, impl: str) -> list[dict] | None:
     pairs = args.n * args.n
     rows = []
     for kernel, launch in run["launches"].items():
-        if kernel.startswith("_keep_mask"):
-            continue
+        if kernel.startswith("_keep_mask") or not hasattr(kernels, kernel):
+            continue  # the dropout mask's kernel; the distance tables' product (`triton_products`), no tile loads
         ttgir, ptx = _compiled(getattr(kernels, kernel), launch)
         loads = {key: calls for key, calls in run["loads"].items() if key[0] == kernel}
         sites, skipped = traffic(loads, load_sites(ttgir, source), access_bytes(ptx, source))
@@ -168,6 +168,7 @@ def measure(args, impl: str) -> list[dict] | None:
             sites=[dict(s.__dict__, requests=round(s.requests, 1), sectors=round(s.sectors, 1),
                         needed=round(s.needed, 1), excess=round(s.excess, 2)) for s in sites],
             skipped=skipped,
+            ptx_loads=load_widths(ptx),
         ))  # fmt: skip
     return rows
 
@@ -181,14 +182,16 @@ def _launch_tiles(kwargs: dict) -> str:
 
 def summary(rows: list[dict]) -> str:
     lines = [
-        "| implementation | kernel | tiles | requests / 1k pairs | sectors / 1k pairs | needed / 1k pairs | excess |",
-        "|---|---|---|---|---|---|---|",
+        "| implementation | kernel | tiles | requests / 1k pairs | sectors / 1k pairs | needed / 1k pairs | excess "
+        "| global loads in the PTX, by bytes / lane |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         excess = r["sectors_per_1k_pairs"] / max(r["needed_per_1k_pairs"], 1e-9)
+        widths = " · ".join(f"{n} of {w} B" for w, n in r.get("ptx_loads", {}).items()) or "—"
         lines.append(
             f"| {r['impl']} | {r['kernel']} | {r['tiles']} | {r['requests_per_1k_pairs']} | "
-            f"{r['sectors_per_1k_pairs']} | {r['needed_per_1k_pairs']} | {excess:.2f} |"
+            f"{r['sectors_per_1k_pairs']} | {r['needed_per_1k_pairs']} | {excess:.2f} | {widths} |"
         )
     return "\n".join(lines)
 

@@ -111,12 +111,25 @@ def access_bytes(ptx: str, source: str) -> dict[int, int]:
         if loc:
             line = int(loc.group(2)) if loc.group(1) in files else None
             continue
-        load = re.search(r"\bld\.global\S*", text)
-        copy = re.search(r"\bcp\.async\.\w+\.shared\.global\b.*,\s*(0x[0-9a-f]+|\d+)", text)
-        width = _load_width(load.group()) if load else int(copy.group(1), 0) if copy else 0
+        width = _global_load_width(text)
         if width and line is not None:
             widths[line] = max(widths.get(line, 0), width)
     return widths
+
+
+def load_widths(ptx: str) -> dict[int, int]:
+    """Bytes per lane -> how many global loads (``ld.global`` and ``cp.async``) of that width the PTX holds, a
+    count of instructions, not of executions: 2-byte loads of 16-bit tiles mean the compiler could not prove
+    their addresses aligned (the launch's pointers and strides, `launch_source`)."""
+    widths = collections.Counter(_global_load_width(text) for text in ptx.splitlines())
+    return {width: widths[width] for width in sorted(widths) if width}
+
+
+def _global_load_width(text: str) -> int:
+    """Bytes one lane reads with the global load on a PTX line (0 if there is none)."""
+    load = re.search(r"\bld\.global\S*", text)
+    copy = re.search(r"\bcp\.async\.\w+\.shared\.global\b.*,\s*(0x[0-9a-f]+|\d+)", text)
+    return _load_width(load.group()) if load else int(copy.group(1), 0) if copy else 0
 
 
 def _load_width(opcode: str) -> int:

@@ -2862,3 +2862,32 @@ def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
     assert "| custom op | schema arguments |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--reps 0: expected a positive count"):
         bench.main(["--reps", "0", "--out", str(out)])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
+@pytest.mark.parametrize(
+    "name, road",
+    [("wide_padding", "distance"), ("n70_saturating", "distance"), ("n70_saturating", "tables")],
+)
+def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, road):
+    """What the compiled kernels assume (`triton_aot.attributes`, from which the static report compiles them):
+    every pointer a launch passes 16-byte aligned, as Triton's launch then specialises it, forward and backward,
+    distance tables in bands (`wide_padding`) and in one band, and the tables road. Banded tables once started
+    on an odd element (their lead of zeros, `_distance_slack`, is odd), and a GPU compiled the kernels there with
+    element loads (`_product_buffer`)."""
+    from debertakit.attention.triton_access import record_run
+
+    _near_band(monkeypatch, road)
+    bands = _distance_bands(monkeypatch, 16) if road == "distance" else []
+    c = BANDED_GRID[name] if name in BANDED_GRID else GRID[name]
+    with record_run("triton_kernels.py") as (_, launches):
+        _run(triton_attention, c, _inputs(c, torch.bfloat16, DEVICE), _geometry(c, DEVICE))
+    assert set(triton_backend.KERNEL_NAMES) <= set(launches)
+    assert bands == ([16, 16] if name == "wide_padding" else [0, 0] if road == "distance" else [])
+    unaligned = [
+        (kernel, i, arg)
+        for kernel, (args, _) in launches.items()
+        for i, arg in enumerate(args)
+        if isinstance(arg, tuple) and arg[0] == "tensor" and arg[2] != "D"
+    ]
+    assert not unaligned

@@ -13,6 +13,7 @@ from debertakit.attention.triton_access import (
     access_bytes,
     blocked_layouts,
     load_sites,
+    load_widths,
     sectors,
     traffic,
     warp_requests,
@@ -92,6 +93,14 @@ def test_bytes_per_lane_come_from_the_ptx_of_this_file():
     # 4-byte loads, 16-byte vectors, 16- and 4-byte asynchronous copies, a 2-byte load with cache qualifiers;
     # the standard library's (file 2) line 40 is not the kernel file's
     assert access_bytes(PTX, "triton_kernels.py") == {381: 4, 528: 16, 561: 16, 384: 4, 390: 2}
+
+
+def test_load_widths_count_every_global_load_of_the_ptx():
+    # the same listing, every file's loads counted by bytes per lane (instructions, not executions)
+    assert load_widths(PTX) == {2: 1, 4: 2, 8: 1, 16: 2}
+    assert (
+        load_widths("\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };\n") == {}
+    )  # stores are not loads
 
 
 def test_gather_layout_puts_a_warp_down_one_column():
