@@ -222,6 +222,23 @@ def compile_kernel(
     return inspect_compiled(fn.__name__, compiled) if inspect else _checked_cubin(fn.__name__, compiled)
 
 
+# The product kernel's arguments a launch passes as multiples of 16 (pointers: 16-byte aligned), as
+# `compile_product_kernel` tells the compiler (tests/attention/test_triton.py holds the launches to it)
+PRODUCT_ALIGNED = {
+    "X",
+    "T",
+    "CELLS",
+    "OUT",
+    "stride_xh",
+    "stride_xr",
+    "stride_th",
+    "stride_tr",
+    "LB",
+    "R",
+    "M",
+}
+
+
 def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
     reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
@@ -245,8 +262,9 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names
     }
-    aligned = {"X", "T", "CELLS", "OUT", "stride_xh", "stride_xr", "stride_th", "stride_tr", "LB", "R", "M"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
+    attrs = {
+        (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in PRODUCT_ALIGNED
+    }
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return inspect_compiled(fn.__name__, compile_source(src, tiles.options, capability))
 

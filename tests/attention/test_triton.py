@@ -2870,12 +2870,15 @@ def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
     [("wide_padding", "distance"), ("n70_saturating", "distance"), ("n70_saturating", "tables")],
 )
 def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, road):
-    """What the compiled kernels assume (`triton_aot.attributes`, from which the static report compiles them):
-    every pointer a launch passes 16-byte aligned, as Triton's launch then specialises it, forward and backward,
-    distance tables in bands (`wide_padding`) and in one band, and the tables road. Banded tables once started
-    on an odd element (their lead of zeros, `_distance_slack`, is odd), and a GPU compiled the kernels there with
-    element loads (`_product_buffer`)."""
+    """What the compiled kernels assume (`triton_aot.attributes`, from which the static report compiles them, and
+    `PRODUCT_ALIGNED`): every pointer a launch passes 16-byte aligned, as Triton's launch then specialises it,
+    and the integers said to be multiples of 16 such multiples, forward and backward, distance tables in bands
+    (`wide_padding`) and in one band, and the tables road. Banded tables once started on an odd element (their
+    lead of zeros, `_distance_slack`, is odd), and a GPU compiled the kernels there with element loads
+    (`_product_buffer`)."""
+    from debertakit.attention import triton_kernels, triton_products
     from debertakit.attention.triton_access import record_run
+    from debertakit.attention.triton_aot import ALIGNED_INTS, PRODUCT_ALIGNED
 
     _near_band(monkeypatch, road)
     bands = _distance_bands(monkeypatch, 16) if road == "distance" else []
@@ -2884,10 +2887,21 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
         _run(triton_attention, c, _inputs(c, torch.bfloat16, DEVICE), _geometry(c, DEVICE))
     assert set(triton_backend.KERNEL_NAMES) <= set(launches)
     assert bands == ([16, 16] if name == "wide_padding" else [0, 0] if road == "distance" else [])
-    unaligned = [
-        (kernel, i, arg)
-        for kernel, (args, _) in launches.items()
-        for i, arg in enumerate(args)
-        if isinstance(arg, tuple) and arg[0] == "tensor" and arg[2] != "D"
-    ]
+
+    def aligned_ints(kernel: str, kwargs: dict) -> set[str]:
+        if kernel == "_distance_product_kernel":
+            return PRODUCT_ALIGNED
+        return ALIGNED_INTS | ({"R"} if kwargs.get("DIST") else set())
+
+    unaligned = []
+    for kernel, (args, kwargs) in launches.items():
+        fn = getattr(triton_products if kernel == "_distance_product_kernel" else triton_kernels, kernel)
+        for name, arg in zip(fn.arg_names, args):
+            if isinstance(arg, tuple) and arg[0] == "tensor":
+                bad = arg[2] != "D"
+            else:
+                bad = name in aligned_ints(kernel, kwargs) and arg % 16 != 0
+            if bad:
+                unaligned.append((kernel, name, arg))
     assert not unaligned
+    assert road == "tables" or "_distance_product_kernel" in launches
