@@ -209,11 +209,12 @@ def bench(fn: Callable[[], object], device: str) -> dict:
     import torch
 
     def measure() -> dict:
-        fn()  # warm-up: compilation, autotuning, allocator
+        # `--smoke`: one call, its time meaningless (the interpreter), so no warm-up either
         if device != "cuda":
             t = time.perf_counter()
             fn()
             return {"ms": (time.perf_counter() - t) * 1e3, "peak_gib": None}
+        fn()  # warm-up: compilation, autotuning, allocator
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
