@@ -88,6 +88,9 @@ class Compiled:
     branch_loads: int  # loads inside an scf.if of the TTGIR: issued when reached, not prefetched a tile ahead
     tile_loops: list[int]  # instructions in the body of each loop over tiles, in address order (`tile_loops`)
     replication: int  # how many warps compute each result of the most replicated product (`replication`)
+    # instructions and global stores on the path that takes no conditional branch (`straight_path`)
+    path_instructions: int = 0
+    path_stores: int = 0
 
 
 def mma_loops(lines: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
@@ -113,6 +116,27 @@ def tile_loops(sass: str) -> list[int]:
     warps it is the static cost of one tile of that loop."""
     lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
     return [sum(1 for a, _, _ in lines if first <= a <= last) for first, last in mma_loops(lines)]
+
+
+def straight_path(sass: str) -> tuple[int, int]:
+    """(instructions, global stores) from a ``cuobjdump -sass`` listing's entry to its first unconditional
+    ``EXIT``, following unconditional branches and not the predicated ones: for a kernel without loops, what a
+    thread issues where every guarded branch falls through (the product kernel's inner blocks: its masked
+    blocks branch off). Stops where the path comes back to an address it passed."""
+    lines = [(int(addr, 16), op) for addr, op, _ in _SASS_LINE.findall(sass)]
+    guarded = {int(a, 16) for a in re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+@", sass, re.M)}
+    index = {addr: i for i, (addr, _) in enumerate(lines)}
+    seen, count, stores, i = set(), 0, 0, 0
+    while i < len(lines) and lines[i][0] not in seen:
+        addr, op = lines[i]
+        seen.add(addr)
+        count += 1
+        stores += op.startswith("STG")
+        if op == "EXIT" and addr not in guarded:
+            break
+        target = re.search(rf"/\*{addr:04x}\*/\s+BRA\s+(?:`\()?0x([0-9a-f]+)", sass) if op == "BRA" else None
+        i = index.get(int(target.group(1), 16), len(lines)) if target and addr not in guarded else i + 1
+    return count, stores
 
 
 def branch_loads(ttgir: str) -> int:
@@ -301,4 +325,5 @@ def inspect_compiled(name: str, compiled) -> Compiled:
         tile_loops=tile_loops(sass.stdout),
         # no tensor-core product at all (Triton's float32 FMAs for targets before sm_80): nothing replicated
         replication=replication(compiled.asm["ttgir"]) if any(counts[op] for op in MMA_OPS) else 1,
+        **dict(zip(("path_instructions", "path_stores"), straight_path(sass.stdout))),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from debertakit.attention.triton_aot import branch_loads, replication, tile_loops
+from debertakit.attention.triton_aot import branch_loads, replication, straight_path, tile_loops
 
 # the printer's layout (Triton 3.6 / 3.9): a loop whose K tile arrives by asynchronous copy, a two-level branch
 # with a load on each of its three paths, a reduction region (braces inside types and around the region) and a
@@ -70,6 +70,30 @@ def test_tile_loops_counts_the_bodies_of_loops_with_a_matrix_product():
     assert tile_loops(SASS.replace("HGMMA.64x32x16.F32.BF16", "HMMA.16816.F32.BF16")) == [4]
     assert tile_loops(SASS.replace("STS [R1], RZ", "HMMA.16816.F32.BF16 R4, R8, R12, R4")) == [4, 2]
     assert tile_loops(SASS.replace("@!P1 BRA 0x20", "@!P1 BRA 0x60")) == []  # no backward branch over it
+
+
+# a kernel without loops in cuobjdump's layout: a guarded branch to masked stores, an unconditional jump over
+# them, vector stores, a guarded exit, the exit
+PATH = """\
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/               @P4 BRA 0x60 ;                             /* 0x0000000000104947 */
+        /*0020*/                   BRA 0x40 ;                             /* 0x0000000000047947 */
+        /*0030*/                   STG.E.U16 desc[UR4][R2.64], R0 ;       /* 0x0000000002007986 */
+        /*0040*/                   STG.E.128 desc[UR4][R2.64], R8 ;       /* 0x0000000802007986 */
+        /*0050*/               @P3 EXIT ;                                 /* 0x000000000000394d */
+        /*0058*/                   STG.E.128 desc[UR4][R4.64], R12 ;      /* 0x0000000c04007986 */
+        /*005c*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*0060*/               @P1 STG.E.U16 desc[UR4][R2.64], R0 ;       /* 0x0000000002001986 */
+        /*0070*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*0080*/                   BRA 0x80;                              /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_straight_path_follows_jumps_and_passes_guarded_branches():
+    # 0x00, 0x10 (not taken), 0x20 (taken), 0x40, 0x50 (guarded: passed), 0x58, 0x5c
+    assert straight_path(PATH) == (7, 2)
+    assert straight_path(PATH.replace("@P4 BRA 0x60", "BRA 0x60")) == (4, 1)  # jumps to the masked stores
+    assert straight_path(PATH.replace("BRA 0x40 ", "BRA 0x00 ")) == (3, 0)  # a loop back: stops there
 
 
 # the printer's layout (Triton 3.6 / 3.9): the forward at 64x64 with 8 warps, its scores' product over 8 warps
