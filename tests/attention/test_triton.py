@@ -1714,6 +1714,27 @@ GPU_GRID = {
 }
 
 
+def _record_compiled(monkeypatch) -> list:
+    """The compiled kernels `triton_products`' launches return (a GPU's; the interpreter returns none), in
+    launch order, from here on."""
+    compiled = []
+    products = triton_backend._products()
+
+    class Launches:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: compiled.append(self.kernel[grid](*args, **kwargs)) or compiled[-1]
+
+    class Recording:
+        def __getattr__(self, name):
+            return Launches(getattr(products, name))
+
+    monkeypatch.setattr(triton_backend, "_products", Recording)
+    return compiled
+
+
 # first of the GPU tests: a lease's `gpu-tests` step may be stopped before the end of the file
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -1722,11 +1743,13 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
     """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
     at 2048) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
     values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
-    unwritten."""
+    unwritten; the kernel as this launch compiled it stores 16 bytes at a time (``st.global.v4.b32``: the
+    launch's pointers and integers aligned as `triton_products` needs)."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
     launched = []
     real = triton_backend._kernel_band_product
     monkeypatch.setattr(triton_backend, "_kernel_band_product", lambda *a: launched.append(1) or real(*a))
+    compiled = _record_compiled(monkeypatch)
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
     sat = c.rel.saturation
@@ -1742,6 +1765,7 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
             0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
         )  # fmt: skip
     assert len(launched) == 2  # ROW and COL, by the kernel; the matmul's pass launched none
+    assert len(compiled) == 2 and all("st.global.v4.b32" in kernel.asm["ptx"] for kernel in compiled)
     for got, want in zip(tables["triton"], tables["cublas"]):
         assert got.shape == want.shape and not got.isnan().any()
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
