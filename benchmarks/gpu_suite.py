@@ -12,9 +12,10 @@ each step's cap and what it decides):
    geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
    skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
-3. ``gpu-tests``: ``pytest -m gpu tests/attention`` (one process: the grid at real sizes on every road);
-4. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
-   them);
+3. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
+   them; about 20 s, so before the tests since an H100 lease of 2026-11-26);
+4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (`TEST_WORKERS` processes where pytest-xdist imports: the
+   grid at real sizes on every road);
 5. ``ncu``: `attention_ncu.py`, where the time of the near tiles (N = 512) and of the far ones (8192) goes
    (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
    is the code's correctness on a GPU and where its time goes);
@@ -199,17 +200,17 @@ PLAN = [
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
         240, 90, *TARGETS, out="attention_gpu_targets.json",
     ),
+    _bench(
+        "profile",
+        "GPU time per kernel of the triton rows: the fused kernels against the products around them",
+        150, 60, "--sections", "profile", *LENGTHS, out="attention_gpu_profile.json",
+    ),
     Step(
         "gpu-tests",
         "the grid at real sizes on every road, dropout, CUDA graphs, no host syncs, N = 65536",
         _pytest("-m", "gpu", "tests/attention", xml="gpu_tests.xml"),
         300,
         120,
-    ),
-    _bench(
-        "profile",
-        "GPU time per kernel of the triton rows: the fused kernels against the products around them",
-        150, 60, "--sections", "profile", *LENGTHS, out="attention_gpu_profile.json",
     ),
     Step("ncu", "what the near (N = 512) and far (8192) tiles wait on", _ncu, 240, 100, budgeted=True),
     _bench(
