@@ -1740,8 +1740,8 @@ def _record_compiled(monkeypatch) -> list:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [512, 2048])
 def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
-    """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1025 cells
-    at 2048) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
+    """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1217 cells
+    at 2048: reach 512 + 96, the GPU's tiles' sides) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
     values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
     unwritten; the kernel as this launch compiled it stores 16 bytes at a time (``st.global.v4.b32``: the
     launch's pointers and integers aligned as `triton_products` needs)."""
