@@ -144,7 +144,13 @@ def _compiled(fn, launch) -> tuple[str, str]:
 
 def measure(args, impl: str) -> list[dict] | None:
     """Rows (one per kernel) of one implementation: its load sites' traffic per call, and totals per 1000 pairs."""
-    from debertakit.attention.triton_access import access_bytes, load_sites, load_widths, traffic
+    from debertakit.attention.triton_access import (
+        access_bytes,
+        load_sites,
+        load_widths,
+        store_widths,
+        traffic,
+    )
 
     run = _interpreted(args, impl)
     if run is None:
@@ -169,6 +175,7 @@ def measure(args, impl: str) -> list[dict] | None:
                         needed=round(s.needed, 1), excess=round(s.excess, 2)) for s in sites],
             skipped=skipped,
             ptx_loads=load_widths(ptx),
+            ptx_stores=store_widths(ptx),
         ))  # fmt: skip
     return rows
 
@@ -183,15 +190,18 @@ def _launch_tiles(kwargs: dict) -> str:
 def summary(rows: list[dict]) -> str:
     lines = [
         "| implementation | kernel | tiles | requests / 1k pairs | sectors / 1k pairs | needed / 1k pairs | excess "
-        "| global loads in the PTX, by bytes / lane |",
-        "|---|---|---|---|---|---|---|---|",
+        "| global loads in the PTX, by bytes / lane | global stores |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         excess = r["sectors_per_1k_pairs"] / max(r["needed_per_1k_pairs"], 1e-9)
-        widths = " · ".join(f"{n} of {w} B" for w, n in r.get("ptx_loads", {}).items()) or "—"
+        loads, stores = (
+            " · ".join(f"{n} of {w} B" for w, n in r.get(key, {}).items()) or "—"
+            for key in ("ptx_loads", "ptx_stores")
+        )
         lines.append(
             f"| {r['impl']} | {r['kernel']} | {r['tiles']} | {r['requests_per_1k_pairs']} | "
-            f"{r['sectors_per_1k_pairs']} | {r['needed_per_1k_pairs']} | {excess:.2f} | {widths} |"
+            f"{r['sectors_per_1k_pairs']} | {r['needed_per_1k_pairs']} | {excess:.2f} | {loads} | {stores} |"
         )
     return "\n".join(lines)
 

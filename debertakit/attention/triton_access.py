@@ -120,9 +120,19 @@ def access_bytes(ptx: str, source: str) -> dict[int, int]:
 def load_widths(ptx: str) -> dict[int, int]:
     """Bytes per lane -> how many global loads (``ld.global`` and ``cp.async``) of that width the PTX holds, a
     count of instructions, not of executions: 2-byte loads of 16-bit tiles mean the compiler could not prove
-    their addresses aligned (the launch's pointers and strides, `launch_source`)."""
-    widths = collections.Counter(_global_load_width(text) for text in ptx.splitlines())
-    return {width: widths[width] for width in sorted(widths) if width}
+    their addresses aligned and contiguous (the launch's pointers and strides, `launch_source`)."""
+    return _by_width(_global_load_width(text) for text in ptx.splitlines())
+
+
+def store_widths(ptx: str) -> dict[int, int]:
+    """Bytes per lane -> how many ``st.global`` stores of that width the PTX holds (as `load_widths`)."""
+    stores = (re.search(r"\bst\.global\S*", text) for text in ptx.splitlines())
+    return _by_width(_load_width(store.group()) for store in stores if store)
+
+
+def _by_width(widths) -> dict[int, int]:
+    counts = collections.Counter(widths)
+    return {width: counts[width] for width in sorted(counts) if width}
 
 
 def _global_load_width(text: str) -> int:
@@ -133,8 +143,8 @@ def _global_load_width(text: str) -> int:
 
 
 def _load_width(opcode: str) -> int:
-    """Bytes a lane reads with one ``ld.global`` opcode: ``ld.global.v4.b32`` 16, ``ld.global.nc.L1::evict_last.b16``
-    2 (the vector count times the element's bits)."""
+    """Bytes a lane reads (or writes) with one ``ld.global`` (``st.global``) opcode: ``ld.global.v4.b32`` 16,
+    ``ld.global.nc.L1::evict_last.b16`` 2 (the vector count times the element's bits)."""
     count, bits = 1, 0
     for part in opcode.split("."):
         if re.fullmatch(r"v\d", part):

@@ -15,6 +15,7 @@ from debertakit.attention.triton_access import (
     load_sites,
     load_widths,
     sectors,
+    store_widths,
     traffic,
     warp_requests,
 )
@@ -98,9 +99,9 @@ def test_bytes_per_lane_come_from_the_ptx_of_this_file():
 def test_load_widths_count_every_global_load_of_the_ptx():
     # the same listing, every file's loads counted by bytes per lane (instructions, not executions)
     assert load_widths(PTX) == {2: 1, 4: 2, 8: 1, 16: 2}
-    assert (
-        load_widths("\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };\n") == {}
-    )  # stores are not loads
+    stores = "\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };\n\t@%p3 st.global.b16 [ %rd2 + 0 ], { %rs1 };"
+    assert load_widths(stores) == {}  # stores are not loads
+    assert store_widths(stores) == {2: 1, 16: 1} and store_widths(PTX) == {}
 
 
 def test_gather_layout_puts_a_warp_down_one_column():
