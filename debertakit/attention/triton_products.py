@@ -101,9 +101,8 @@ def _distance_product_kernel(
     start = hb.to(tl.int64) * M * (R + 1) + group + pid_n * BLOCK_N
     out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + tl.arange(0, BLOCK_N)[None, :]
     rows_in = (m < M)[:, None]
-    if (first >= 0) & (
-        first + BLOCK_N - 1 <= R
-    ):  # an inner tile: a mask constant along the row, vector stores
+    inner = (first >= 0) & (first + BLOCK_N - 1 <= R)  # no cell outside the row: a mask constant along it
+    if inner:  # 16-byte stores
         tl.store(out, acc, mask=rows_in)
     else:
         tl.store(out, acc, mask=rows_in & in_row[None, :])
