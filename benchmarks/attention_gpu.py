@@ -300,30 +300,28 @@ def _attention_rows(
         except ValueError:
             continue
 
-        def run(fn=backend.fn):
-            out, _ = fn(q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale, terms=terms, dropout_p=dropout_p)
+        # a new geometry per call unless one is shared
+        def run(fn=backend.fn, shared: Geometry | None = None):
+            geom = Geometry() if shared is None else shared
+            out, _ = fn(q, k, v, pos_q, pos_k, rel, geom, scale=scale, terms=terms, dropout_p=dropout_p)
             return out
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates:
-        triton_fn = get_backend("triton", request).fn  # (the rows below call it with settings of their own)
         for row, mode in NEAR_BAND_ROWS.items():
             candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
         three_runs = _with_backend_settings(candidates["triton"][0], ONE_NEAR_RUN=False)
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
         cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
         candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
-        geometry = Geometry()
-
-        def shared_geometry():  # one geometry for every call, as a model's layers share theirs
-            out, _ = triton_fn(
-                q, k, v, pos_q, pos_k, rel, geometry, scale=scale, terms=terms, dropout_p=dropout_p
-            )
-            return out
-
-        candidates[SHARED_GEOMETRY_ROW] = (shared_geometry, leaves, grad)
+        # one geometry for every call, as a model's layers share theirs
+        candidates[SHARED_GEOMETRY_ROW] = (
+            functools.partial(candidates["triton"][0], shared=Geometry()),
+            leaves,
+            grad,
+        )
     if "triton" in candidates and dropout_p == 0:  # the plain row: the targets' setting, checked against sdpa
-        no_terms = PositionTerms(c2p=False, p2c=False)
+        triton_fn, no_terms = get_backend("triton", request).fn, PositionTerms(c2p=False, p2c=False)
 
         def plain():  # the same kernels with no position terms: their loop's own ceiling at these tiles
             # at sdpa's scale (1 / sqrt(d): no position terms to share it with), so both compute one function

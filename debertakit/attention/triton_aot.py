@@ -101,13 +101,18 @@ def mma_loops(lines: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     and far runs (`triton_kernels._runs`); the forward without position terms has one."""
     loops = []
     for addr, op, rest in lines:
-        found = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", rest) if op.split(".")[0] == "BRA" else None
-        target = int(found.group(1), 16) if found else addr
+        target = _branch_target(op, rest, addr)
         if target >= addr:  # not a branch, a forward one, or the listing's closing self-branch
             continue
         if any(o.split(".")[0] in MMA_OPS for a, o, _ in lines if target <= a <= addr):
             loops.append((target, addr))
     return loops
+
+
+def _branch_target(op: str, operands: str, addr: int) -> int:
+    """The address a ``BRA`` at ``addr`` jumps to; ``addr`` itself for any other instruction."""
+    found = re.match(r"\s*(?:`\()?0x([0-9a-f]+)", operands) if op.split(".")[0] == "BRA" else None
+    return int(found.group(1), 16) if found else addr
 
 
 def tile_loops(sass: str) -> list[int]:
@@ -123,19 +128,19 @@ def straight_path(sass: str) -> tuple[int, int]:
     ``EXIT``, following unconditional branches and not the predicated ones: for a kernel without loops, what a
     thread issues where every guarded branch falls through (the product kernel's inner blocks: its masked
     blocks branch off). Stops where the path comes back to an address it passed."""
-    lines = [(int(addr, 16), op) for addr, op, _ in _SASS_LINE.findall(sass)]
+    lines = [(int(addr, 16), op, rest) for addr, op, rest in _SASS_LINE.findall(sass)]
     guarded = {int(a, 16) for a in re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+@", sass, re.M)}
-    index = {addr: i for i, (addr, _) in enumerate(lines)}
+    index = {addr: i for i, (addr, _, _) in enumerate(lines)}
     seen, count, stores, i = set(), 0, 0, 0
     while i < len(lines) and lines[i][0] not in seen:
-        addr, op = lines[i]
+        addr, op, rest = lines[i]
         seen.add(addr)
         count += 1
         stores += op.startswith("STG")
         if op == "EXIT" and addr not in guarded:
             break
-        target = re.search(rf"/\*{addr:04x}\*/\s+BRA\s+(?:`\()?0x([0-9a-f]+)", sass) if op == "BRA" else None
-        i = index.get(int(target.group(1), 16), len(lines)) if target and addr not in guarded else i + 1
+        target = _branch_target(op, rest, addr) if addr not in guarded else addr
+        i = index.get(target, len(lines)) if target != addr else i + 1
     return count, stores
 
 
@@ -275,9 +280,8 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
     from debertakit.attention import triton_products
 
     fn = triton_products._distance_product_kernel
-    vec = (
-        4 if dtype == "fp32" else 8
-    )  # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
+    # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
+    vec = 4 if dtype == "fp32" else 8
     constexprs = dict(
         D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, VEC=vec, PREC=1 if dtype == "fp32" else 0
     )
