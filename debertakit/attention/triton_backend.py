@@ -758,9 +758,11 @@ def _position_inputs(
 
 def _distance_ends(col: Tensor, heads: int, batch: int, nk: int, reach: int, sat: int) -> Tensor:
     """COL's two saturated values per key, left and right, from its distance table: the cells of distance
-    i - j = -sat and +sat, (H, B·Nk, 2)."""
-    per_row = _distance_rows(col, heads, batch, nk, 2 * reach + 1)[:, :, :nk, [reach - sat, reach + sat]]
-    return per_row.reshape(heads, batch * nk, 2)
+    i - j = -sat and +sat, (H, B·Nk, 2). Picked as two views and stacked: a list index would copy it from host
+    memory in every call, which waits for the GPU (and fails inside a CUDA graph's capture)."""
+    per_row = _distance_rows(col, heads, batch, nk, 2 * reach + 1)[:, :, :nk]
+    ends = torch.stack((per_row[..., reach - sat], per_row[..., reach + sat]), -1)
+    return ends.reshape(heads, batch * nk, 2)
 
 
 def _table_rows(row: Tensor | None, col: Tensor | None) -> int:

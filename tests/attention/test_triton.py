@@ -2624,6 +2624,23 @@ def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name)
         assert torch.isfinite(dist[..., : 2 * sat + 1]).all()  # every cell written
 
 
+def test_distance_ends_are_cols_saturated_cells_without_an_index_tensor():
+    """`triton_backend._distance_ends`: per key COL's cells of distance -sat and +sat, taken as views. A list
+    index copied itself from host memory in every call with far tiles: on a GPU a wait for it, and inside a CUDA
+    graph's capture an error (the GPU tests `test_calls_never_wait_for_the_gpu_gpu` and
+    `test_dropout_draws_a_new_mask_at_every_cuda_graph_replay_gpu` failed on it, on an H200)."""
+    H, B, NK, reach, sat = 2, 3, 20, 9, 6
+    cells = 2 * reach + 1
+    rows = triton_backend._padded_rows(NK)
+    col = torch.randn(H * B * rows * cells + 5)  # the table and the zeros after it
+    with _Ops() as probe:
+        ends = triton_backend._distance_ends(col, H, B, NK, reach, sat)
+    per_key = col[: H * B * rows * cells].view(H, B, rows, cells)[:, :, :NK]
+    want = torch.stack((per_key[..., reach - sat], per_key[..., reach + sat]), -1).reshape(H, B * NK, 2)
+    assert torch.equal(ends, want)
+    assert not [op for op in probe.ops if "index" in op or "lift_fresh" in op], probe.ops
+
+
 def test_far_columns_hold_cols_saturated_values_and_hide_masked_keys():
     """FAR (`triton_backend._far_columns`), the far tiles' column values: per (h, b) COL's left and right
     saturated entries (the rows of the LUT's first and last entry) as two rows padded with -inf to FAR_PAD,
