@@ -189,7 +189,8 @@ ONE_NEAR_RUN = True
 SKEW_TILES = {
     64: {
         "_fwd_kernel": Tiles(32, 32, 4, 2),
-        "_dq_kernel": Tiles(16, 32, 4, 2),
+        # spill-free at 32x32 under both Triton releases since dQ's cells ascend with the keys (16x32 before)
+        "_dq_kernel": Tiles(32, 32, 4, 2),
         "_dkv_kernel": Tiles(16, 32, 4, 2),
     },
     # head dim 128: no dQ or dK/dV tile compiles without spills under both Triton releases, so the skewed road
@@ -1048,12 +1049,13 @@ def _bwd_op(
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
+            q_lut = _mirrored(lut, sat)  # a query row's cells run by j - i (`triton_kernels._table_grad`)
             if c2p:
-                _fold_into_content(dq_dist, pos_k, lut, dq, scale)
-                dpos_k = _fold_into_table(dq_dist, q_heads, lut, pos_k.shape[1], scale)
+                _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)
+                dpos_k = _fold_into_table(dq_dist, q_heads, q_lut, pos_k.shape[1], scale)
             if p2p:
                 per_distance = dq_dist.sum(1, dtype=torch.float32)  # (H, W')
-                g = _into_rows(per_distance, lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
+                g = _into_rows(per_distance, q_lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
                 dpos_q = _plus(dpos_q, g * pos_k.float())
                 dpos_k = _plus(dpos_k, g * pos_q.float())
         if dk_dist is not None:  # COL = K·Qrᵀ
@@ -1066,6 +1068,12 @@ def _bwd_op(
         _position_grad(dpos_q, pos_q, q),
         _position_grad(dpos_k, pos_k, q),
     )
+
+
+def _mirrored(lut: Tensor, sat: int) -> Tensor:
+    """The lookup table of a distance buffer whose row holds distance -δ in cell δ + sat (the query rows':
+    `triton_kernels._table_grad`): the 2·sat + 1 entries reversed, the padding's as they are."""
+    return torch.cat([lut[: 2 * sat + 1].flip(0), lut[2 * sat + 1 :]])
 
 
 def _plus(total: Tensor | None, term: Tensor) -> Tensor:

@@ -70,8 +70,11 @@ indices alone; otherwise positions are loaded per block and the classification u
 Backward, without atomics and without N×N memory. Each pair's score gradient dS(i, j) must reach ROW[i, idx] and
 COL[j, idx]. Within one query row the visible keys have distinct positions (one sequence), so in *distance*
 space ``(i, pos_q[i] - pos_k[j])`` every visible near pair has its own cell: the dQ kernel (one program per query
-block, owning those rows) *stores* dS into ``DQ_DIST[i, delta + SAT]`` and sums the saturated pairs of each side
-into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, ...]``.
+block, owning those rows) *stores* dS into ``DQ_DIST[i, SAT - delta]`` and sums the saturated pairs of each side
+into the two end cells; the dK/dV kernel (one program per key block) does the same for ``DK_DIST[j, delta + SAT]``.
+Each buffer's cells thus run the way its partner index runs (cell SAT + j - i of a query row, SAT + i - j of a key
+column): a tile row's cells are consecutive, and ascend along the tile, so that a warp's store covers a run of
+them (`_table_grad`); the caller reads the query rows' buffer through the mirrored lookup table.
 No cell is written twice, so plain stores suffice. At distance i - j the kernels also write the zeros of the
 cells no visible pair lands in (hidden pairs of the tiles they visit and, before their loops, the cells whose
 partner lies outside the blocks the loops visit: `_zero_unvisited`), so the caller allocates the buffers
@@ -483,7 +486,15 @@ def _table_grad(
     its rows (the caller allocates the buffer without filling it). With explicit positions a hidden pair may
     repeat a visible one's distance: only visible pairs are stored, into a buffer the caller zero-fills.
     In a `_NEAR_ONLY` run no saturated pair is visible: their dS are zeros, and the two sums are skipped (the
-    mask still keeps such pairs from being stored: their cells would lie outside their row's 2·SAT + 1)."""
+    mask still keeps such pairs from being stored: their cells would lie outside their row's 2·SAT + 1).
+
+    A query row's cell is SAT - delta (SAT + j - i), a key column's SAT + delta (SAT + i - j): both ascend
+    along the partner block, so that Triton sees each row (column) of the tile store consecutive cells and
+    spreads a warp along them, 32 cells a store. With cell SAT + delta for the query rows too, their cells ran
+    down along the keys, which Triton's pointer analysis does not follow: the warp went down the tile's rows,
+    a cell of another row per thread (Nsight Compute on an H100 at N = 512: 112 M store sectors against
+    14.6 M ideal; dQ took 2.03 ms of the training step's 4.65 ms of GPU time, waiting on its stores; 1.07 ms
+    with the cells ascending, on an H200: README, "Measured on an H100 and an H200")."""
     if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
         acc_r += tl.sum(ds, AXIS)
     elif far_left:
@@ -496,7 +507,8 @@ def _table_grad(
             acc_l += tl.sum(tl.where(left, ds, 0.0), AXIS)
             acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
         if AXIS == 1:
-            cells = own[:, None] * DW + delta + SAT
+            # a row term plus the keys' positions: Triton sees the cells run along the row (at distance i - j)
+            cells = (own * DW + SAT - qpos)[:, None] + kpos[None, :]
             owned = own_in[:, None]
         else:
             cells = own[None, :] * DW + delta + SAT
@@ -510,11 +522,11 @@ def _table_grad(
 
 
 @triton.jit
-def _store_row_ends(DIST, own, own_in, far_l, far_r, SAT, DW, OWN: tl.constexpr):
-    """The end cells of the owned rows, 0 and 2·SAT (the saturated pairs' sums), and the zeros of the rows'
-    padding, from cell 2·SAT + 1 to the row stride DW (fewer than DIST_ALIGN cells)."""
-    tl.store(DIST + own * DW, far_l.to(DIST.dtype.element_ty), mask=own_in)
-    tl.store(DIST + (own * DW + 2 * SAT), far_r.to(DIST.dtype.element_ty), mask=own_in)
+def _store_row_ends(DIST, own, own_in, first, last, SAT, DW, OWN: tl.constexpr):
+    """The end cells of the owned rows, 0 (``first``) and 2·SAT (``last``): the saturated pairs' sums; and the
+    zeros of the rows' padding, from cell 2·SAT + 1 to the row stride DW (fewer than DIST_ALIGN cells)."""
+    tl.store(DIST + own * DW, first.to(DIST.dtype.element_ty), mask=own_in)
+    tl.store(DIST + (own * DW + 2 * SAT), last.to(DIST.dtype.element_ty), mask=own_in)
     pad = 2 * SAT + 1 + tl.arange(0, DIST_ALIGN)
     zero = tl.zeros((OWN, DIST_ALIGN), dtype=DIST.dtype.element_ty)
     tl.store(DIST + (own[:, None] * DW + pad[None, :]), zero, mask=own_in[:, None] & (pad < DW)[None, :])
@@ -522,16 +534,15 @@ def _store_row_ends(DIST, own, own_in, far_l, far_r, SAT, DW, OWN: tl.constexpr)
 
 @triton.jit
 def _zero_cells(
-    DIST, own, own_in, lo, end, first, last, SAT, DW,
-    PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
+    DIST, own, own_in, lo, end, first, last, SAT, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Zeros into the cells [first, last] (``last`` < 2·SAT: near cells only) of the owned rows whose partner
-    (the index at the other end of the pair: ``own - delta`` for a query row, ``own + delta`` for a key column;
-    sign ``PARTNER``) lies outside [lo, end), in chunks of BLOCK cells."""
+    (the index at the other end of the pair, ``own + cell - SAT``: see `_table_grad`) lies outside [lo, end),
+    in chunks of BLOCK cells."""
     zero = tl.zeros((OWN, BLOCK), dtype=DIST.dtype.element_ty)
     for c0 in range(first, last + 1, BLOCK):
         cells = c0 + tl.arange(0, BLOCK)
-        partner = own[:, None] + PARTNER * (cells - SAT)[None, :]
+        partner = own[:, None] + (cells - SAT)[None, :]
         outside = (partner < lo) | (partner >= end)
         mask = own_in[:, None] & (cells <= last)[None, :] & outside
         tl.store(DIST + (own[:, None] * DW + cells[None, :]), zero, mask=mask)
@@ -539,8 +550,7 @@ def _zero_cells(
 
 @triton.jit
 def _zero_unvisited(
-    DIST, start, N, lo, hi, SAT, DW,
-    PARTNER: tl.constexpr, OWN: tl.constexpr, BLOCK: tl.constexpr,
+    DIST, start, N, lo, hi, SAT, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """At distance i - j: zeros into the near cells (own index, distance) of the program's OWN rows starting at
     ``start`` (of N) whose partner lies outside the blocks of BLOCK the program's loop visits, from ``lo`` to
@@ -550,18 +560,13 @@ def _zero_unvisited(
     own = start + tl.arange(0, OWN)
     own_in = own < N
     end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK) * BLOCK, lo)  # where the loop's last block ends
-    # partner = own + PARTNER · (cell - SAT): the partner leaves [lo, end) on one side at high cells, on the
-    # other at low ones; the bounds below hold for every own index in [start, start + OWN)
-    if PARTNER < 0:  # query rows: the partner (key) is below lo at high cells, at or above end at low ones
-        low_last = (start + OWN - 1) - end + SAT
-        high_first = start - lo + SAT + 1
-    else:  # key columns: the partner (query) is below lo at low cells, at or above end at high ones
-        low_last = lo - start + SAT - 1
-        high_first = end - (start + OWN - 1) + SAT
-    low_last = tl.minimum(low_last, 2 * SAT - 1)
+    # partner = own + cell - SAT is below lo at low cells, at or above end at high ones; the bounds below hold
+    # for every own index in [start, start + OWN)
+    low_last = tl.minimum(lo - start + SAT - 1, 2 * SAT - 1)
+    high_first = end - (start + OWN - 1) + SAT
     high_first = tl.maximum(tl.maximum(high_first, low_last + 1), 1)
-    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, DW, PARTNER, OWN, BLOCK)
-    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, DW, PARTNER, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, DW, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, DW, OWN, BLOCK)
 
 
 @triton.jit
@@ -920,7 +925,7 @@ def _dq_kernel(
     if HAS_ROW and IJ:
         # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
-        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, DW, -1, BLOCK_M, BLOCK_N)
+        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, DW, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -945,7 +950,8 @@ def _dq_kernel(
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
-        _store_row_ends(DQ_DIST, offs_m, m_in, far_l, far_r, SAT, DW, BLOCK_M)
+        # a query row's cells run by j - i: its right side (i - j >= SAT) is cell 0
+        _store_row_ends(DQ_DIST, offs_m, m_in, far_r, far_l, SAT, DW, BLOCK_M)
 
 
 @triton.jit
@@ -1108,7 +1114,7 @@ def _dkv_kernel(
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_COL and IJ:  # before the loop, as in the dQ kernel
-        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, DW, 1, BLOCK_N, BLOCK_M)
+        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, DW, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)

@@ -41,6 +41,7 @@ from debertakit.attention import (  # noqa: E402
     PositionTerms,
     RelativeIndex,
     Request,
+    eager,
     eager_attention,
     get_backend,
     packed_geometry,
@@ -2600,6 +2601,40 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         fills = {"new_zeros": 2, **({"zero_": 2} if r is dist else {})}
         assert {n: c for n, c in launches.items() if n in bench.FILLS} == fills, launches
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
+
+
+def test_distance_buffers_cells_run_with_the_partner_index(monkeypatch):
+    """The backward's distance buffers, cell by cell: a query row i holds dS(i, j) in cell sat + j - i, a key
+    column j holds it in cell sat + i - j (each cell runs the way its partner index runs, so that a warp's store
+    covers consecutive cells: `triton_kernels._table_grad`), and the end cells the sums of the saturated pairs
+    on either side; dS from autograd through eager's scores. The folds read the query rows' buffer through the
+    mirrored lookup table: a layout that disagreed with it would fail the grid, not this test alone."""
+    c = GRID["n70_saturating"]
+    seen = []
+    fold = triton_backend._fold_into_content
+    monkeypatch.setattr(
+        triton_backend, "_fold_into_content", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
+    )
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, _ = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
+    q, k, v, pos_q, pos_k = (t.detach() for t in inputs)
+    parts = eager.score_components(
+        q, k, pos_q, pos_k, c.rel, _geometry(c, DEVICE), scale=scale_for(c.dim, 3), terms=c.terms
+    )
+    scores = sum(parts.values()).requires_grad_()
+    (torch.softmax(scores, -1) @ v).backward(_grad_out(out))
+    ds = scores.grad[0, 0]  # (N, N): one batch row, one head
+    sat = min(c.rel.saturation, c.n)
+    i, j = torch.meshgrid(torch.arange(c.n), torch.arange(c.n), indexing="ij")
+    near = (i - j).abs() < sat
+    dq_dist, dk_dist = (d[0, : c.n] for d in seen)  # c2p's buffer (query rows), then p2c's (key columns)
+    torch.testing.assert_close(dq_dist[i[near], sat + j[near] - i[near]], ds[near], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(dk_dist[j[near], sat + i[near] - j[near]], ds[near], atol=1e-6, rtol=1e-5)
+    # the end cells: a query row's cell 0 sums its pairs i - j >= sat, a key column's its pairs i - j <= -sat
+    right, left = ds.double() * (i - j >= sat), ds.double() * (i - j <= -sat)
+    for cells, first, last in ((dq_dist, right.sum(1), left.sum(1)), (dk_dist, left.sum(0), right.sum(0))):
+        torch.testing.assert_close(cells[:, 0].double(), first, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(cells[:, 2 * sat].double(), last, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["n70_saturating", "explicit_positions_padding"])
