@@ -127,7 +127,7 @@ def load_widths(ptx: str) -> dict[int, int]:
 def store_widths(ptx: str) -> dict[int, int]:
     """Bytes per lane -> how many ``st.global`` stores of that width the PTX holds (as `load_widths`)."""
     stores = (re.search(r"\bst\.global\S*", text) for text in ptx.splitlines())
-    return _by_width(_load_width(store.group()) for store in stores if store)
+    return _by_width(_lane_bytes(store.group()) for store in stores if store)
 
 
 def _by_width(widths) -> dict[int, int]:
@@ -139,10 +139,10 @@ def _global_load_width(text: str) -> int:
     """Bytes one lane reads with the global load on a PTX line (0 if there is none)."""
     load = re.search(r"\bld\.global\S*", text)
     copy = re.search(r"\bcp\.async\.\w+\.shared\.global\b.*,\s*(0x[0-9a-f]+|\d+)", text)
-    return _load_width(load.group()) if load else int(copy.group(1), 0) if copy else 0
+    return _lane_bytes(load.group()) if load else int(copy.group(1), 0) if copy else 0
 
 
-def _load_width(opcode: str) -> int:
+def _lane_bytes(opcode: str) -> int:
     """Bytes a lane reads (or writes) with one ``ld.global`` (``st.global``) opcode: ``ld.global.v4.b32`` 16,
     ``ld.global.nc.L1::evict_last.b16`` 2 (the vector count times the element's bits)."""
     count, bits = 1, 0

@@ -2603,6 +2603,16 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
 
 
+def _folded_buffers(monkeypatch) -> list:
+    """Copies of the distance buffers the backward folds into dQ / dK (`_fold_into_content`), in call order."""
+    seen = []
+    fold = triton_backend._fold_into_content
+    monkeypatch.setattr(
+        triton_backend, "_fold_into_content", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
+    )
+    return seen
+
+
 def test_distance_buffers_cells_run_with_the_partner_index(monkeypatch):
     """The backward's distance buffers, cell by cell: a query row i holds dS(i, j) in cell sat + j - i, a key
     column j holds it in cell sat + i - j (each cell runs the way its partner index runs, so that a warp's store
@@ -2610,11 +2620,7 @@ def test_distance_buffers_cells_run_with_the_partner_index(monkeypatch):
     on either side; dS from autograd through eager's scores. The folds read the query rows' buffer through the
     mirrored lookup table: a layout that disagreed with it would fail the grid, not this test alone."""
     c = GRID["n70_saturating"]
-    seen = []
-    fold = triton_backend._fold_into_content
-    monkeypatch.setattr(
-        triton_backend, "_fold_into_content", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
-    )
+    seen = _folded_buffers(monkeypatch)
     inputs = _inputs(c, torch.float32, DEVICE)
     out, _ = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
     q, k, v, pos_q, pos_k = (t.detach() for t in inputs)
@@ -2644,11 +2650,7 @@ def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name)
     padding reaches the folds' matmuls as zeros. The buffers start as NaN (tests/conftest.py), so at distance
     i - j the kernels zero the padding themselves; with explicit positions the buffer is zero-filled."""
     c = GRID[name]
-    seen = []
-    fold = triton_backend._fold_into_content
-    monkeypatch.setattr(
-        triton_backend, "_fold_into_content", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
-    )
+    seen = _folded_buffers(monkeypatch)
     _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
     sat = min(c.rel.saturation, max(c.n, c.n_k or c.n)) if c.q_offset is None else c.rel.saturation
     assert len(seen) == 2  # c2p's (dq_dist) and p2c's (dk_dist)
