@@ -8,7 +8,6 @@ files.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from debertakit.tokenization.tokenizer import SPECIAL_TOKENS, DebertaTokenizer
@@ -16,10 +15,14 @@ from debertakit.tokenization.tokenizer import SPECIAL_TOKENS, DebertaTokenizer
 HF_CLASS = {"spm": "DebertaV2Tokenizer", "bpe": "DebertaTokenizer"}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def _write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")  # written whole, then renamed: never a half-written file
+    tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _write_bytes(path, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 # v1's [MASK] takes the space before it (see bpe.py); Hugging Face reads that from the token's "lstrip".
@@ -59,8 +62,10 @@ def save_tokenizer(tok: DebertaTokenizer, directory: Path) -> list[Path]:
     if tok.kind == "spm":
         target = directory / "spm.model"
         source = tok.source_files["spm.model"]
-        if source.resolve() != target.resolve():
-            shutil.copyfile(source, target)
+        if isinstance(source, bytes):  # trained in memory
+            _write_bytes(target, source)
+        elif source.resolve() != target.resolve():
+            _write_bytes(target, source.read_bytes())
         written.append(target)
     else:
         tok.backend.model.save(str(directory))  # vocab.json (without [MASK]) and merges.txt

@@ -37,15 +37,20 @@ _UNIGRAM, _NORMAL, _UNKNOWN, _CONTROL = 1, 1, 2, 3
 
 def read_spm_proto(path: Path):
     """Parses an spm.model file (a sentencepiece ModelProto)."""
+    return parse_spm_proto(Path(path).read_bytes(), path)
+
+
+def parse_spm_proto(data: bytes, source: str | Path):
+    """Parses the bytes of an spm.model; `source` names them in errors."""
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()
     try:
-        proto.ParseFromString(Path(path).read_bytes())
+        proto.ParseFromString(data)
     except Exception as e:  # protobuf raises DecodeError
-        raise ValueError(f"{path} is not a SentencePiece model file: {e}") from None
+        raise ValueError(f"{source} is not a SentencePiece model file: {e}") from None
     if not proto.pieces:
-        raise ValueError(f"{path} is not a SentencePiece model file (no pieces)")
+        raise ValueError(f"{source} is not a SentencePiece model file (no pieces)")
     return proto
 
 
@@ -106,13 +111,24 @@ def load_spm_tokenizer(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"SentencePiece model not found: {path}")
-    proto = read_spm_proto(path)
-    check_spm_layout(proto, path)
+    return _spm_tokenizer(read_spm_proto(path), path, path, model_max_length, do_lower_case)
+
+
+def spm_tokenizer_from_bytes(
+    data: bytes, *, model_max_length: int = 512, do_lower_case: bool = False
+) -> DebertaTokenizer:
+    """A vocabulary held in memory (a freshly trained one): `save_pretrained` writes these bytes as spm.model."""
+    proto = parse_spm_proto(data, "the given bytes")
+    return _spm_tokenizer(proto, "the given bytes", bytes(data), model_max_length, do_lower_case)
+
+
+def _spm_tokenizer(proto, name, source: Path | bytes, model_max_length, do_lower_case) -> DebertaTokenizer:
+    check_spm_layout(proto, name)
     backend = spm_backend(proto, do_lower_case=do_lower_case)
     return DebertaTokenizer(
         backend,
         kind="spm",
         model_max_length=model_max_length,
-        source_files={"spm.model": path},
+        source_files={"spm.model": source},
         options={"do_lower_case": do_lower_case},
     )

@@ -69,7 +69,8 @@ class DebertaTokenizer:
         backend: the configured `tokenizers.Tokenizer` (special tokens registered, post-processor set).
         kind: "spm" (SentencePiece, v2/v3/mDeBERTa) or "bpe" (GPT-2 byte-level BPE, v1).
         model_max_length: the default `max_length` when truncation is on without one.
-        source_files: the files the vocabulary was read from (copied by `save_pretrained`).
+        source_files: the files the vocabulary was read from, or the bytes of one trained in memory (written by
+            `save_pretrained`).
         options: extra settings written to tokenizer_config.json (e.g. do_lower_case).
     """
 
@@ -79,7 +80,7 @@ class DebertaTokenizer:
         *,
         kind: Literal["spm", "bpe"],
         model_max_length: int = 512,
-        source_files: dict[str, Path] | None = None,
+        source_files: dict[str, Path | bytes] | None = None,
         options: dict[str, Any] | None = None,
         pretokenized_backend: Tokenizer | None = None,
     ):

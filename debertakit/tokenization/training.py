@@ -81,7 +81,6 @@ def train_tokenizer(
         character_coverage=character_coverage,
         seed=seed,
         model_max_length=model_max_length,
-        out=out,
     )
     if out is not None:
         tok.save_pretrained(out)
@@ -89,15 +88,13 @@ def train_tokenizer(
 
 
 def _train_spm(
-    paths, vocab_size, *, progress, max_sentences, character_coverage, seed, model_max_length, out
+    paths, vocab_size, *, progress, max_sentences, character_coverage, seed, model_max_length, **_
 ):
-    import tempfile
-
     import sentencepiece as spm
 
     spm.set_random_generator_seed(seed)
 
-    from debertakit.tokenization.spm import load_spm_tokenizer
+    from debertakit.tokenization.spm import spm_tokenizer_from_bytes
 
     model = io.BytesIO()
     try:
@@ -122,13 +119,11 @@ def _train_spm(
     except RuntimeError as e:
         # e.g. "Vocabulary size is too high (N). Please set it to a value <= M."
         raise ValueError(f"SentencePiece training failed for vocab_size {vocab_size}: {e}") from None
-    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="debertakit-spm-"))
-    path = directory / "spm.model"
-    path.write_bytes(model.getvalue())
-    return load_spm_tokenizer(path, model_max_length=model_max_length)
+    # Held in memory: `train_tokenizer` writes it (save_pretrained) only when given a directory.
+    return spm_tokenizer_from_bytes(model.getvalue(), model_max_length=model_max_length)
 
 
-def _train_bpe(paths, vocab_size, *, progress, model_max_length, out, **_):
+def _train_bpe(paths, vocab_size, *, progress, model_max_length, **_):
     from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
     from tokenizers.models import BPE
 

@@ -59,3 +59,25 @@ def test_training_errors(tmp_path, data_dir):
         train_tokenizer([text], 100, "bpe", progress=False)
     with pytest.raises(ValueError, match=r"SentencePiece training failed for vocab_size 500000"):
         train_tokenizer([text], 500_000, "spm", progress=False)
+
+
+def test_spm_trained_in_memory_writes_nothing_until_saved(tmp_path, data_dir, monkeypatch):
+    """Without `out` the model stays in memory (no temporary directory left behind); saving writes its bytes."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    tok = train_tokenizer([data_dir / "glue/CoLA/dev.tsv"], 300, "spm", progress=False)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    tok.save_pretrained(tmp_path / "saved")
+    again = load_tokenizer(tmp_path / "saved")
+    text = "The more you read, the more you know."
+    assert again(text)["input_ids"] == tok(text)["input_ids"]
+    assert again.vocab_size == tok.vocab_size == 301
+
+
+def test_spm_from_bytes_rejects_bytes_that_are_no_model():
+    from debertakit.tokenization.spm import spm_tokenizer_from_bytes
+
+    with pytest.raises(ValueError, match="the given bytes is not a SentencePiece model file"):
+        spm_tokenizer_from_bytes(b"\x00\x01not a model")
