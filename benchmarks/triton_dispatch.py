@@ -4,8 +4,9 @@ On a GPU a call's kernels run asynchronously; the host's work per call (Python, 
 kernels' launches) sets the time where the GPU's work is shorter. On an H200 (2026-11-26) our kernels without
 position terms took 0.126 ms of GPU time per forward at N = 512 and 0.551 ms per call, 0.571 against 1.822 ms
 forward+backward (`benchmarks/results/attention_gpu_h200*.json`). This script times the host side alone: the
-backend's forward (without and with grad) and forward+backward at a tiny shape on the CPU, with the kernel
-launches replaced by no-ops (as `triton_host_cost.py` does), so what remains is the Python and the PyTorch
+backend's forward (without and with grad; without, also with a new `Geometry` per call, as a model's first
+layer builds its inputs) and forward+backward at a tiny shape on the CPU, with the kernel launches replaced by
+no-ops (as `triton_host_cost.py` does), so what remains is the Python and the PyTorch
 operations around them, and the custom op's own dispatch. It also times, per custom op, the step of
 `torch.library.custom_op`'s autograd wrapper that rebuilds the schema's arguments (``fill_defaults``: each
 ``schema.arguments`` access builds every argument anew, once per argument, a cost quadratic in their number),
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
-from triton_host_cost import _NoLaunch  # noqa: E402  (kernels whose launches do nothing)
+from triton_host_cost import Recorder, _NoLaunch  # noqa: E402  (op recorder; kernels that launch nothing)
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
@@ -95,8 +96,8 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),  # the GPU's tiles size the distance tables
     )
 
-    def call(args):
-        out, _ = triton_backend.triton_attention(*args, rel, geom, scale=0.1, terms=terms)
+    def call(args, geometry=geom):
+        out, _ = triton_backend.triton_attention(*args, rel, geometry, scale=0.1, terms=terms)
         return out
 
     with mock.patch.multiple(triton_backend, **patches):
@@ -111,7 +112,23 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
             out.backward(torch.ones_like(out))
 
         row = dict(road=road, n=n, batch=batch, heads=heads, head_dim=dim)
+
+        def forward_new_geometry():  # what a model's forward pays once, in its first layer
+            with torch.no_grad():
+                call(plain, Geometry())
+
+        forward_no_grad()  # the mapping's lookup tables exist from here on, as after a model's first forward
+        # through the custom op, which the recorder sees as one op (eager calls run its body without it)
+        with mock.patch.object(triton_backend, "_attention", triton_backend._fwd_op):
+            with Recorder() as new_geometry:
+                forward_new_geometry()
+            with Recorder() as same_geometry:
+                forward_no_grad()
+        # torch ops per call besides the forward's own (on a GPU each one a launch)
+        row["ops_new_geometry"] = sum(new_geometry.launches.values()) - 1
+        row["ops_same_geometry"] = sum(same_geometry.launches.values()) - 1
         row["forward_no_grad_us"] = round(_median_us(forward_no_grad, reps), 1)
+        row["forward_new_geometry_us"] = round(_median_us(forward_new_geometry, reps), 1)
         row["forward_with_grad_us"] = round(_median_us(lambda: call(grads), reps), 1)
         row["forward_backward_us"] = round(_median_us(forward_backward, reps), 1)
     return row
@@ -122,11 +139,13 @@ def table(ops: list[dict], calls: list[dict]) -> str:
     lines += [f"| {r['op']} | {r['arguments']} | {r['fill_defaults_us']} |" for r in ops]
     lines += [
         "",
-        "| road | forward, no grad, µs | forward with grad, µs | forward+backward, µs |",
-        "|---|---:|---:|---:|",
+        "| road | ops, new geometry | ops, same geometry | forward, no grad, µs | same, new geometry, µs "
+        "| forward with grad, µs | forward+backward, µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['road']} | {r['forward_no_grad_us']} | {r['forward_with_grad_us']} | {r['forward_backward_us']} |"
+        f"| {r['road']} | {r['ops_new_geometry']} | {r['ops_same_geometry']} | {r['forward_no_grad_us']} "
+        f"| {r['forward_new_geometry_us']} | {r['forward_with_grad_us']} | {r['forward_backward_us']} |"
         for r in calls
     ]
     return "\n".join(lines)

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -63,6 +66,7 @@ class RelativeIndex:
     lut: Tensor = field(init=False, repr=False, compare=False)
     saturation: int = field(init=False, compare=False)
     _device_luts: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+    _derived: OrderedDict = field(init=False, repr=False, compare=False, default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         far = 4 * max(self.span, self.max_position, 1) + 8
@@ -99,6 +103,21 @@ class RelativeIndex:
             self._device_luts[device] = self.lut.to(device)
         return self._device_luts[device]
 
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once per ``key`` and kept with this mapping (the `DERIVED_KEPT` latest keys):
+        what a backend derives from the mapping and the shapes alone (its lookup tables on a device, say), which
+        would otherwise be built again in every forward. Inputs that depend on the masks belong to the forward's
+        `Geometry` (`Geometry.cached`). Under ``torch.compile`` it is always built (part of the graph)."""
+        if torch.compiler.is_compiling():
+            return build()
+        if key in self._derived:
+            self._derived.move_to_end(key)
+        else:
+            self._derived[key] = build()
+            if len(self._derived) > DERIVED_KEPT:
+                self._derived.popitem(last=False)
+        return self._derived[key]
+
     def index(self, delta: Tensor) -> Tensor:
         """Row (int64, relative to ``offset``) for every distance in ``delta`` (any shape, any integer dtype)."""
         lut = self.lut_on(delta.device)
@@ -120,6 +139,11 @@ class RelativeIndex:
         if lo == self.offset:
             return self
         return _relative_index(self.span, self.bucket_size, self.max_position, lo)
+
+
+# Entries `RelativeIndex.cached` keeps per mapping: a few per device and input length (inputs of many lengths,
+# as a server sees, keep the latest ones).
+DERIVED_KEPT = 64
 
 
 @functools.lru_cache(maxsize=256)

@@ -16,9 +16,11 @@ What it serves (anything else is declined through the registry, so ``auto`` pick
 Explicit positions must be distinct inside a sequence (they are for every geometry the model builds); the
 backward relies on it (see `triton_kernels`) and the call checks it.
 
-The op is registered with `torch.library.custom_op`, with fake (meta) implementations and an autograd formula, so
-it runs under ``torch.compile`` without graph breaks; it runs its own matmuls with autocast off, so autocast
-callers get the same float32 score arithmetic as without it.
+The forward and the backward are registered as `torch.library.custom_op`s, with fake (meta) implementations and
+an autograd formula, so they run under ``torch.compile`` without graph breaks; eager calls run the same bodies
+under a plain `torch.autograd.Function` (`_attention`: the ops' dispatch costs host time in every layer). They
+run their own matmuls with autocast off, so autocast callers get the same float32 score arithmetic as without
+it.
 """
 
 from __future__ import annotations
@@ -828,6 +830,7 @@ class _Aux(NamedTuple):
     q_hi: Tensor
     seed: Tensor | None  # the dropout seed (`_draw_seed`)
     cells: Tensor | None  # the distance tables' cells (`_distance_cells`)
+    q_lut: Tensor | None  # the query rows' distance buffer's lookup table (`_mirrored`), where ROW is read
 
 
 class _Config(NamedTuple):
@@ -859,8 +862,7 @@ class _Config(NamedTuple):
         return cls(sat, c2p == 1, p2c == 1, p2p == 1, causal == 1, ij == 1, far_tiles == 1, drop_t, band)
 
 
-@torch.library.custom_op("debertakit::disentangled_attention_fwd", mutates_args=())
-def _fwd_op(
+def _fwd(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -874,7 +876,7 @@ def _fwd_op(
     base 2 (see `triton_kernels`); +inf on rows with no visible key). ``aux``: `_Aux`'s tensors, ``config``:
     `_Config`'s values."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells = _Aux(*aux)
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _ = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
@@ -898,6 +900,9 @@ def _fwd_op(
             SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
     return out, lse
+
+
+_fwd_op = torch.library.custom_op("debertakit::disentangled_attention_fwd", _fwd, mutates_args=())
 
 
 def _out_dtype(q: Tensor, drop_t: int) -> torch.dtype:
@@ -976,8 +981,7 @@ def _into_rows(per_distance: Tensor, lut: Tensor, rows: int, scale: float) -> Te
     return out.index_add_(1, lut, per_distance, alpha=scale)
 
 
-@torch.library.custom_op("debertakit::disentangled_attention_bwd", mutates_args=())
-def _bwd_op(
+def _bwd(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -993,7 +997,7 @@ def _bwd_op(
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent. ``aux`` and
     ``config`` as the forward's (`_Aux`, `_Config`)."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells = _Aux(*aux)
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
@@ -1049,7 +1053,6 @@ def _bwd_op(
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
         if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
-            q_lut = _mirrored(lut, sat)  # a query row's cells run by j - i (`triton_kernels._table_grad`)
             if c2p:
                 _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)
                 dpos_k = _fold_into_table(dq_dist, q_heads, q_lut, pos_k.shape[1], scale)
@@ -1070,9 +1073,14 @@ def _bwd_op(
     )
 
 
+_bwd_op = torch.library.custom_op("debertakit::disentangled_attention_bwd", _bwd, mutates_args=())
+
+
 def _mirrored(lut: Tensor, sat: int) -> Tensor:
-    """The lookup table of a distance buffer whose row holds distance -δ in cell δ + sat (the query rows':
-    `triton_kernels._table_grad`): the 2·sat + 1 entries reversed, the padding's as they are."""
+    """The lookup table of a distance buffer whose row holds distance -δ in cell δ + sat (the query rows': their
+    cells run by j - i, `triton_kernels._table_grad`): the 2·sat + 1 entries reversed, the padding's as they
+    are. Made once per mapping and shape (`triton_attention` keeps it with the mapping, `RelativeIndex.cached`),
+    not in every backward: two launches."""
     return torch.cat([lut[: 2 * sat + 1].flip(0), lut[2 * sat + 1 :]])
 
 
@@ -1106,18 +1114,63 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *aux)
 
 
+def _gradients(ctx, saved: tuple, dout: Tensor, bwd) -> tuple[Tensor | None, ...]:
+    """(dq, dk, dv, dpos_q, dpos_k) by ``bwd`` (the op or its body) from ``saved``, the tensors `_setup_context`
+    saved (``ctx.saved_tensors``, read once: activation checkpointing lets a backward unpack them only once)."""
+    q, k, v, out, lse, pos_q, pos_k, *aux = saved
+    dq, dk, dv, dpos_q, dpos_k = bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, ctx.scale, ctx.config)
+    return dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None
+
+
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, pos_q, pos_k, *aux = ctx.saved_tensors
-    dq, dk, dv, dpos_q, dpos_k = _bwd_op(dout, q, k, v, out, lse, pos_q, pos_k, aux, ctx.scale, ctx.config)
-    grads = (dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None)
+    saved = ctx.saved_tensors
     # aux, scale and config take none; `custom_op` takes a list argument of tensors only as that many inputs and
     # one holding a None as one input, and wants aux's gradient in the same form
     # (`torch._library.autograd.supports_tensorlist`)
+    aux = saved[7:]
     aux_grad = None if any(t is None for t in aux) else [None] * len(aux)
-    return (*grads, aux_grad, None, None)
+    return (*_gradients(ctx, saved, dout, _bwd_op), aux_grad, None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The ops' bodies as a plain autograd node, for calls outside ``torch.compile``. `custom_op`'s own autograd
+    wrapper (its inputs flattened and rebuilt as pytrees, the schema's defaults filled, the op dispatched twice)
+    cost about as much host time as the forward's body, in every layer: a forward with grad took 154 µs without
+    position terms and 269 µs on the distance road through the op, 62 and 162 µs through this node (the host
+    side alone, kernels not launched, on a CPU: `benchmarks/triton_dispatch.py`, medians of three runs). A
+    compiled graph takes the custom ops (`_attention`), which `torch.library.opcheck` checks."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos_q, pos_k, scale, config, *aux):
+        out, lse = _fwd(q, k, v, pos_q, pos_k, list(aux), scale, config)
+        _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        saved = ctx.saved_tensors
+        return (*_gradients(ctx, saved, dout, _bwd), None, None, *(None for _ in saved[7:]))
+
+
+def _attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    aux: list[Tensor | None],
+    scale: float,
+    config: list[int],
+) -> tuple[Tensor, Tensor]:
+    """The forward with its backward: the custom op under ``torch.compile`` (no graph break), else the same
+    bodies without the op's dispatch (`_EagerAttention`)."""
+    if torch.compiler.is_compiling():
+        return _fwd_op(q, k, v, pos_q, pos_k, aux, scale, config)
+    return _EagerAttention.apply(q, k, v, pos_q, pos_k, scale, config, *aux)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -1129,6 +1182,11 @@ def _rows(x: Tensor | None, batch: int, n: int) -> Tensor | None:
     if x is None:
         return None
     return x.to(torch.int32).expand(batch, n).contiguous()
+
+
+def _arange_rows(batch: int, n: int, device: torch.device) -> Tensor:
+    """The default positions 0 … n - 1 of every row as `_rows` gives them: (B, N) int32 contiguous."""
+    return torch.arange(n, dtype=torch.int32, device=device).expand(batch, n).contiguous()
 
 
 def _check_distinct(pos: Tensor, seg: Tensor | None, mask: Tensor | None, side: str) -> None:
@@ -1150,10 +1208,12 @@ def _check_distinct(pos: Tensor, seg: Tensor | None, mask: Tensor | None, side: 
 def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) -> tuple[Tensor, ...]:
     """Per query row the keys [kv_lo, kv_hi) it may see, per key column the queries [q_lo, q_hi) that may see
     it: whole blocks outside these ranges are skipped (causal prefix, packed segments, key padding)."""
-    kv_lo = torch.zeros((B, NQ), dtype=torch.int64, device=device)
-    kv_hi = torch.full((B, NQ), NK, dtype=torch.int64, device=device)
-    q_lo = torch.zeros((B, NK), dtype=torch.int64, device=device)
-    q_hi = torch.full((B, NK), NQ, dtype=torch.int64, device=device)
+    # int32, the kernels' type: without masks nothing more to launch (a step below that mixes in int64 values
+    # gives int64, converted at the end)
+    kv_lo = torch.zeros((B, NQ), dtype=torch.int32, device=device)
+    kv_hi = torch.full((B, NQ), NK, dtype=torch.int32, device=device)
+    q_lo = torch.zeros((B, NK), dtype=torch.int32, device=device)
+    q_hi = torch.full((B, NK), NQ, dtype=torch.int32, device=device)
     packed = geom.cu_seqlens is not None and NQ == NK
     if packed:
         cu = geom.cu_seqlens.to(device=device, dtype=torch.int64)
@@ -1187,8 +1247,8 @@ def _geometry_inputs(
     """The kernels' inputs that depend on the geometry alone, the same in every layer (`Geometry.cached`): int32
     (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`. Explicit positions are
     checked here, once per geometry (the check reads a flag from the device)."""
-    qp, kp = geom.positions(NQ, NK, device)
-    q_pos, k_pos = _rows(qp, B, NQ), _rows(kp, B, NK)
+    q_pos = _rows(geom.q_positions, B, NQ) if geom.q_positions is not None else _arange_rows(B, NQ, device)
+    k_pos = _rows(geom.k_positions, B, NK) if geom.k_positions is not None else _arange_rows(B, NK, device)
     q_seg = _rows(geom.q_segments, B, NQ)
     k_seg = _rows(geom.k_segments, B, NK)
     k_mask = _rows(geom.key_mask, B, NK)
@@ -1283,7 +1343,7 @@ def triton_attention(
     explicit = geom.q_positions is not None or geom.k_positions is not None
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
-    cells, band = None, 0  # the distance tables' cells (`_distance_cells`) where the kernels read them
+    cells, band, q_lut = None, 0, None  # the distance tables' cells (`_distance_cells`), the query rows' LUT
     if c2p or p2c or p2p:
         # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
         sat = rel.saturation
@@ -1291,21 +1351,23 @@ def triton_attention(
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
         far_tiles = _far_tiles(geom, ij, sat, NQ, NK)
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
-        lo, hi, lut = geom.cached(
-            ("triton-lut", rel, sat, rows, device), lambda: _lut(rel, sat, rows, device)
-        )
+        # the lookup tables depend on the mapping and the shapes alone: kept with the mapping across forwards
+        lo, hi, lut = rel.cached(("triton-lut", sat, rows, device), lambda: _lut(rel, sat, rows, device))
+        if c2p or p2p:  # ROW: the backward folds the query rows' distance buffer through the mirrored LUT
+            q_lut = rel.cached(("triton-q-lut", sat, rows, device), lambda: _mirrored(lut, sat))
         if (c2p or p2c) and _uses_distance(ij, p2p):
             # one layout for both directions: from the tiles of the three kernels (those they run with dropout)
             tiles = [tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES]
             layout = _distance_layout(sat, NQ, NK, tiles, far_tiles, D, B)
             band = layout[0]
-            cells = geom.cached(
-                ("triton-cells", rel, sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
+            cells = rel.cached(
+                ("triton-cells", sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
             )
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
-        sat, lut = 1, torch.zeros(3, dtype=torch.int32, device=device)
+        sat = 1
+        lut = geom.cached(("triton-no-lut", device), lambda: torch.zeros(3, dtype=torch.int32, device=device))
         far_tiles = _far_tiles(geom, ij, sat, NQ, NK)
     rows = (pos_k if pos_k is not None else pos_q).shape[1] if (pos_q is not None or pos_k is not None) else 1
     q = _kernel_layout(q)
@@ -1322,9 +1384,11 @@ def triton_attention(
             f"{row_stride} elements per row is too large"
         )
     seed = _draw_seed(device) if drop_t > 0 else None
-    aux = _Aux(lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed=seed, cells=cells)
+    aux = _Aux(
+        lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed=seed, cells=cells, q_lut=q_lut
+    )
     config = _Config(int(sat), c2p, p2c, p2p, bool(geom.causal), ij, far_tiles, drop_t=drop_t, band=band)
-    out, _ = _fwd_op(
+    out, _ = _attention(
         q,
         k,
         v,

@@ -24,3 +24,25 @@ def test_a_window_of_the_table_is_one_object_across_forwards():
     assert rel.shifted(101) is not a and rel.shifted(0) is rel
     idx = a.index(torch.arange(-600, 601))
     assert torch.equal(idx, rel.index(torch.arange(-600, 601)) - 100)
+
+
+def test_derived_inputs_are_built_once_per_key_and_the_oldest_dropped(monkeypatch):
+    from debertakit.attention import relative
+
+    monkeypatch.setattr(relative, "DERIVED_KEPT", 2)
+    rel = RelativeIndex(span=8, bucket_size=4, max_position=16)
+    builds = []
+
+    def build(n):
+        builds.append(n)
+        return torch.arange(n)
+
+    first = rel.cached(("rows", 3), lambda: build(3))
+    assert rel.cached(("rows", 3), lambda: build(3)) is first and builds == [3]
+    rel.cached(("rows", 4), lambda: build(4))
+    rel.cached(("rows", 3), lambda: build(3))  # used last: kept when a third key comes
+    rel.cached(("rows", 5), lambda: build(5))
+    assert builds == [3, 4, 5]
+    assert rel.cached(("rows", 3), lambda: build(3)) is first  # kept
+    rel.cached(("rows", 4), lambda: build(4))  # the oldest, dropped: built anew
+    assert builds == [3, 4, 5, 4]

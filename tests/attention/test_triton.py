@@ -265,14 +265,14 @@ def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
     road's ROW and COL are as wide as the table), and gives what the model's pre-cut window gives."""
     c = Case(n=20, rel=WIDE)  # distances -20 … 20 index 41 of the 128 rows
     seen = []
-    real = triton_backend._fwd_op
+    real = triton_backend._attention
 
     def op(q, k, v, pos_q, pos_k, aux, *rest):
         lut = triton_backend._Aux(*aux).lut
         seen.append((pos_q.shape[1], pos_k.shape[1], int(lut.min()), int(lut.max())))
         return real(q, k, v, pos_q, pos_k, aux, *rest)
 
-    monkeypatch.setattr(triton_backend, "_fwd_op", op)
+    monkeypatch.setattr(triton_backend, "_attention", op)
     inputs = _inputs(c, torch.float32, DEVICE)
     out, grads = _run(triton_attention, c, inputs, Geometry())
     assert seen == [(41, 41, 0, 40)]
@@ -286,6 +286,36 @@ def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
     for full, part in zip(grads[3:], cut[1][3:]):
         assert full[:, :lo].abs().max() == 0 and full[:, hi:].abs().max() == 0
         assert torch.equal(full[:, lo:hi], part)
+
+
+@pytest.mark.parametrize("near_band", ["tables", "distance"])
+def test_lookup_tables_are_built_once_across_forwards(monkeypatch, near_band):
+    """The LUTs and the distance tables' cells depend on the mapping and the shapes alone: a second forward with
+    a new geometry (each forward has one) builds none of them again, and no backward mirrors the LUT; the result
+    is the first forward's."""
+    monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
+    c = dataclasses.replace(GRID["n33"], rel=RelativeIndex(span=16, bucket_size=8, max_position=32))
+    builds = Counter()
+
+    def counting(name):
+        real = getattr(triton_backend, name)
+
+        def counted(*args):
+            builds[name] += 1
+            return real(*args)
+
+        return counted
+
+    for name in ("_lut", "_mirrored", "_distance_cells"):
+        monkeypatch.setattr(triton_backend, name, counting(name))
+    inputs = _inputs(c, torch.float32, DEVICE)
+    first = _run(triton_attention, c, inputs, Geometry())
+    once = dict(builds)
+    second = _run(triton_attention, c, inputs, Geometry())
+    assert builds == once
+    assert once == {"_lut": 1, "_mirrored": 1, **({"_distance_cells": 1} if near_band == "distance" else {})}
+    assert torch.equal(first[0], second[0])
+    assert all(torch.equal(a, b) for a, b in zip(first[1], second[1]))
 
 
 def test_saturated_pairs_reach_the_end_rows_of_the_table():
@@ -480,6 +510,35 @@ def test_torch_compile_custom_op_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_eager_calls_run_the_ops_bodies_without_their_dispatch(monkeypatch, dropout_p):
+    """Outside ``torch.compile`` a call runs the custom ops' bodies under a plain autograd node, without
+    dispatching the ops; the ops themselves (what a compiled graph runs) give the same output and gradients,
+    bit for bit, on the same arguments (the dropout seed is one of them)."""
+    c = GRID["causal_padding"]
+    captured, dispatched = [], Counter()
+    real = triton_backend._attention
+    monkeypatch.setattr(triton_backend, "_attention", lambda *a: captured.append(a) or real(*a))
+    for name in ("_fwd_op", "_bwd_op"):
+        op = getattr(triton_backend, name)
+        monkeypatch.setattr(
+            triton_backend, name, lambda *a, _op=op, _n=name: dispatched.update([_n]) or _op(*a)
+        )
+    inputs = _inputs(c, torch.float32, DEVICE)
+    _run(triton_attention, c, inputs, _geometry(c, DEVICE), dropout_p=dropout_p)
+    assert dispatched == Counter()
+    q, k, v, pos_q, pos_k = captured[0][:5]
+    wrt = [t for t in (q, k, v, pos_q, pos_k) if t is not None]
+    results = []
+    for run in (real, triton_backend._fwd_op):
+        out, _ = run(*captured[0])
+        results.append((out, torch.autograd.grad(out, wrt, _grad_out(out))))
+    assert dispatched == Counter(_fwd_op=1, _bwd_op=1)
+    (eager_out, eager_grads), (op_out, op_grads) = results
+    assert torch.equal(eager_out, op_out)
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, op_grads))
+
+
 @pytest.mark.parametrize(
     "dropout_p, near_band",
     [(0.0, "tables"), (0.2, "tables"), (0.0, "distance")],
@@ -491,13 +550,13 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
     c = GRID["packed_causal"]
     captured = []
-    real = triton_backend._fwd_op
+    real = triton_backend._attention
 
     def spy(*args):
         captured.append(args)
         return real(*args)
 
-    monkeypatch.setattr(triton_backend, "_fwd_op", spy)
+    monkeypatch.setattr(triton_backend, "_attention", spy)
     triton_attention(
         *_inputs(c, torch.float32, DEVICE),
         c.rel,
@@ -1327,9 +1386,16 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_layers_after_the_first_reuse_the_geometrys_inputs():
+def _through_the_custom_op(monkeypatch) -> None:
+    """Calls run the custom op (as compiled graphs do; eager calls run its body without it: `_attention`), so that
+    `_Ops` counts the op's work as one op and what the call does around it op by op."""
+    monkeypatch.setattr(triton_backend, "_attention", triton_backend._fwd_op)
+
+
+def test_layers_after_the_first_reuse_the_geometrys_inputs(monkeypatch):
     """Positions, segments, key mask and block ranges are the same in every layer: built on the first call with a
     geometry, then reused (one forward of a base model calls the backend 12 times with one geometry)."""
+    _through_the_custom_op(monkeypatch)
     c = GRID["packed_causal"]
     geom = _geometry(c, DEVICE)
     inputs = [t.detach() if t is not None else None for t in _inputs(c, torch.float32, DEVICE)]
@@ -1344,7 +1410,7 @@ def test_layers_after_the_first_reuse_the_geometrys_inputs():
 
 
 @pytest.mark.parametrize("name", ["n70_saturating", "packed_causal", "cross_nq_gt_nk", "heads2_d32_batch2"])
-def test_projection_layout_is_read_and_written_in_place(name):
+def test_projection_layout_is_read_and_written_in_place(monkeypatch, name):
     """q, k, v as `split_heads` gives them, (B, N, H, d) memory viewed as (B, H, N, d): the kernels read them
     through strides (no copy) and write the output and the gradients in that layout (so `merge_heads` is a view);
     results equal those of contiguous inputs."""
@@ -1366,6 +1432,7 @@ def test_projection_layout_is_read_and_written_in_place(name):
     torch.testing.assert_close(out, want[0], atol=1e-6, rtol=1e-6)
     for a, b in zip(grads, want[1]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    _through_the_custom_op(monkeypatch)
     with torch.no_grad(), _Ops() as probe:  # geometry inputs cached by now: the fused op and views, no copy
         triton_attention(*split, *inputs[3:], c.rel, geom, scale=0.2, terms=c.terms)
     assert set(probe.ops) <= {"debertakit.disentangled_attention_fwd.default", "aten.transpose.int"}, (
@@ -2902,18 +2969,19 @@ def test_custom_ops_take_their_inputs_in_few_arguments():
     )
     with pytest.raises(ValueError):  # a config of another length
         triton_backend._Config.of([512, 1, 0])
-    assert len(triton_backend._Aux._fields) == 12
+    assert len(triton_backend._Aux._fields) == 13
 
 
 def test_a_call_with_every_auxiliary_input_trains(monkeypatch):
     """Packed sequences with padding (segments and a key mask), dropout (a seed) and the distance road (its
     cells): every field of `_Aux` is a tensor, so `custom_op` takes the list as that many inputs and the
-    backward returns a list of as many gradients (`_backward`); against eager times the kernels' mask."""
+    backward returns a list of as many gradients (`_backward`); against eager times the kernels' mask. The call
+    runs through the custom op, as a compiled graph does (eager calls do not dispatch it: `_attention`)."""
     c = Case(n=60, heads=2, cu_seqlens=(0, 20, 50), terms=PositionTerms(c2p=True, p2c=True))
     monkeypatch.setattr(triton_backend, "NEAR_BAND", "distance")
     captured = []
-    real = triton_backend._fwd_op
-    monkeypatch.setattr(triton_backend, "_fwd_op", lambda *a: captured.append(a[5]) or real(*a))
+    op = triton_backend._fwd_op
+    monkeypatch.setattr(triton_backend, "_attention", lambda *a: captured.append(a[5]) or op(*a))
     _compare_with_dropout(monkeypatch, c, torch.float32, DEVICE, 0.2, check_rate=False)
     assert captured and all(t is not None for t in captured[0]), [
         name for name, t in zip(triton_backend._Aux._fields, captured[0]) if t is None
@@ -2934,6 +3002,7 @@ def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
     assert [r["road"] for r in result["calls"]] == list(bench.ROADS)
     for r in result["calls"]:
         assert 0 < r["forward_no_grad_us"] and 0 < r["forward_with_grad_us"] < r["forward_backward_us"]
+        assert r["forward_new_geometry_us"] > 0
     assert "| custom op | schema arguments |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--reps 0: expected a positive count"):
         bench.main(["--reps", "0", "--out", str(out)])
