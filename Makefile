@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(PY) -m debertakit demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 8  # one worker per core (pytest-xdist), 8 at most
+	$(PY) -m pytest -q -n auto --maxprocesses 8 --dist worksteal  # a worker per core (pytest-xdist), 8 at most
 
 lint: $(STAMP)
 	$(PY) -m ruff check debertakit tests benchmarks
