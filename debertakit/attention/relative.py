@@ -107,8 +107,10 @@ class RelativeIndex:
         """``build()``, computed once per ``key`` and kept with this mapping (the `DERIVED_KEPT` latest keys):
         what a backend derives from the mapping and the shapes alone (its lookup tables on a device, say), which
         would otherwise be built again in every forward. Inputs that depend on the masks belong to the forward's
-        `Geometry` (`Geometry.cached`). Under ``torch.compile`` it is always built (part of the graph)."""
-        if torch.compiler.is_compiling():
+        `Geometry` (`Geometry.cached`). Under ``torch.compile`` it is always built (part of the graph), and so
+        while a CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is
+        handed out again once the graph is freed, so it must not outlive the graph in this cache."""
+        if torch.compiler.is_compiling() or _capturing_cuda_graph():
             return build()
         if key in self._derived:
             self._derived.move_to_end(key)
@@ -139,6 +141,10 @@ class RelativeIndex:
         if lo == self.offset:
             return self
         return _relative_index(self.span, self.bucket_size, self.max_position, lo)
+
+
+def _capturing_cuda_graph() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # Entries `RelativeIndex.cached` keeps per mapping: a few per device and input length (inputs of many lengths,

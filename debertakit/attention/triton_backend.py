@@ -1156,18 +1156,9 @@ class _EagerAttention(torch.autograd.Function):
         return (*_gradients(ctx, saved, dout, _bwd), None, None, *(None for _ in saved[7:]))
 
 
-def _attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    pos_q: Tensor | None,
-    pos_k: Tensor | None,
-    aux: list[Tensor | None],
-    scale: float,
-    config: list[int],
-) -> tuple[Tensor, Tensor]:
-    """The forward with its backward: the custom op under ``torch.compile`` (no graph break), else the same
-    bodies without the op's dispatch (`_EagerAttention`)."""
+def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor]:
+    """`_fwd` (same arguments) with its backward: the custom op under ``torch.compile`` (no graph break), else
+    the same bodies without the op's dispatch (`_EagerAttention`)."""
     if torch.compiler.is_compiling():
         return _fwd_op(q, k, v, pos_q, pos_k, aux, scale, config)
     return _EagerAttention.apply(q, k, v, pos_q, pos_k, scale, config, *aux)

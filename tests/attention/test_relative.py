@@ -46,3 +46,18 @@ def test_derived_inputs_are_built_once_per_key_and_the_oldest_dropped(monkeypatc
     assert rel.cached(("rows", 3), lambda: build(3)) is first  # kept
     rel.cached(("rows", 4), lambda: build(4))  # the oldest, dropped: built anew
     assert builds == [3, 4, 5, 4]
+
+
+def test_derived_inputs_made_while_a_cuda_graph_is_captured_are_not_kept(monkeypatch):
+    """A tensor made during a capture lives in the graph's memory pool: built, never kept."""
+    rel = RelativeIndex(span=8, bucket_size=4, max_position=16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    builds = []
+    for _ in range(2):
+        rel.cached("rows", lambda: builds.append(1) or torch.zeros(2))
+    assert len(builds) == 2
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    for _ in range(2):
+        rel.cached("rows", lambda: builds.append(1) or torch.zeros(2))
+    assert len(builds) == 3
