@@ -26,6 +26,8 @@ Sections (all bfloat16 on one CUDA device):
    (`triton_backend.DISTANCE_PRODUCT` "cublas", one-element aligned at their odd row stride) instead of
    `triton_products`' kernel. ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
+   ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
+   compiled graphs run them (eager calls skip the ops' dispatch: `triton_backend._attention`).
    ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
@@ -314,6 +316,10 @@ def _attention_rows(
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
         cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
         candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
+        from debertakit.attention import triton_backend
+
+        through_op = _with_backend_settings(candidates["triton"][0], _attention=triton_backend._fwd_op)
+        candidates[CUSTOM_OP_ROW] = (through_op, leaves, grad)
         # one geometry for every call, as a model's layers share theirs
         candidates[SHARED_GEOMETRY_ROW] = (
             functools.partial(candidates["triton"][0], shared=Geometry()),
@@ -379,6 +385,9 @@ THREE_RUNS_ROW = "triton (three runs)"
 # `triton` with the distance tables built by one batched matmul (`triton_backend.DISTANCE_PRODUCT` "cublas"), which
 # cuBLAS runs on a one-element-aligned kernel at their odd row stride, instead of by `triton_products`' kernel
 CUBLAS_TABLES_ROW = "triton (cuBLAS tables)"
+# `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
+# run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
+CUSTOM_OP_ROW = "triton (through the custom op)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -397,6 +406,7 @@ def attention_row_names() -> list[str]:
         *NEAR_BAND_ROWS,
         THREE_RUNS_ROW,
         CUBLAS_TABLES_ROW,
+        CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
         SDPA_ROW,

@@ -82,10 +82,12 @@ from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
 # matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes) and with one geometry for
-# all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), and the other roads timed
+# all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
+# (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
 ROADS = [
     "triton",
     "triton (cuBLAS tables)",
+    "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",
     "triton skew-forward",
