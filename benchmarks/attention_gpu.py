@@ -146,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tile-kernels",
         nargs="+",
         help="the kernels the `tiles` section gives each shape, of triton_backend.KERNEL_NAMES (default: all; "
-        "the others keep their tiles)",
+        "the others keep their tiles) and _distance_product_kernel (the distance road's tables)",
     )
     p.add_argument(
         "--near-band",
@@ -518,26 +518,40 @@ def parse_tiles(spec: str):
         raise SystemExit(str(e)) from None
 
 
+# the distance tables' product kernel (`triton_products`): ``--tile-kernels`` may name it beside the attention
+# kernels; its tiles are `triton_backend.PRODUCT_TILES` (stages unused: the kernel has no loop)
+PRODUCT_KERNEL = "_distance_product_kernel"
+
+
 def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
     """The `triton` attention rows once per tile shape, given to the kernels of ``--tile-kernels`` on the road
-    of ``--near-band``."""
+    of ``--near-band`` (by default the three attention kernels; `PRODUCT_KERNEL` on the distance road)."""
     from debertakit.attention import triton_backend
 
     every = triton_backend.KERNEL_NAMES
-    unknown = sorted(set(args.tile_kernels or ()) - set(every))
+    unknown = sorted(set(args.tile_kernels or ()) - {*every, PRODUCT_KERNEL})
     if unknown or args.near_band not in triton_backend.NEAR_BAND_MODES:
         raise SystemExit(
-            f"--tile-kernels {unknown or ''} / --near-band {args.near_band!r}: expected kernels of {every} and "
-            f"a road of {triton_backend.NEAR_BAND_MODES}"
+            f"--tile-kernels {unknown or ''} / --near-band {args.near_band!r}: expected kernels of "
+            f"{(*every, PRODUCT_KERNEL)} and a road of {triton_backend.NEAR_BAND_MODES}"
+        )
+    product = PRODUCT_KERNEL in (args.tile_kernels or ())
+    if product and args.near_band != "distance":
+        raise SystemExit(
+            f"--tile-kernels {PRODUCT_KERNEL}: its tables are the distance road's, not {args.near_band!r}"
         )
     kernels = tuple(k for k in every if args.tile_kernels is None or k in args.tile_kernels)
     suffix = f" {args.near_band}"  # the road, named: `triton` alone is the default road elsewhere
     if kernels != every:
-        suffix += f" ({', '.join(kernels)})"
+        suffix += f" ({', '.join([*kernels, *[PRODUCT_KERNEL] * product])})"
 
     def measure(tiles, n: int) -> list[dict]:
         settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
-        only = ("triton", PLAIN_ROW)  # with position terms, and the same tiles' plain-attention ceiling
+        if product:
+            settings["PRODUCT_TILES"] = tiles
+        # with position terms, and where the attention kernels take the tiles the same tiles' plain-attention
+        # ceiling (the plain row builds no distance table)
+        only = ("triton", PLAIN_ROW) if kernels else ("triton",)
         rows = _with_backend_settings(_attention_rows, **settings)(args, n, device, dtype, only=only)
         return [{**r, "section": "tiles", "impl": f"{r['impl']} {tiles}{suffix}"} for r in rows]
 

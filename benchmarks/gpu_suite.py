@@ -97,6 +97,9 @@ CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdebe
 # (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set
 SWEEP_TILES = ["64x32w4s2", "128x32w8s2", "32x64w4s2"]
 DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of the distance forward and dQ
+# the distance tables' product kernel (`triton_backend.PRODUCT_TILES`, 64x64 w4, never timed against others):
+# shapes that compile for sm_90 under Triton 3.6 and 3.9 without spills, with 16-byte stores
+PRODUCT_SWEEP_TILES = ["64x64w4s1", "64x128w8s1", "128x64w8s1", "128x128w8s1", "64x256w8s1"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -197,6 +200,19 @@ DISTANCE_TILES = [
     "--tiles",
     *DISTANCE_SWEEP_TILES,
 ]
+PRODUCT_TILES = [
+    "--sections",
+    "tiles",
+    "--near-band",
+    "distance",
+    "--tile-kernels",
+    "_distance_product_kernel",
+    "--lengths",
+    "512",
+    "2048",
+    "--tiles",
+    *PRODUCT_SWEEP_TILES,
+]
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
     _bench(
@@ -228,6 +244,10 @@ PLAN = [
     _bench(
         "tiles-distance", "tile shapes on the distance road", 180, 90, *DISTANCE_TILES,
         out="attention_gpu_tiles_distance.json",
+    ),
+    _bench(
+        "tiles-product", "tile shapes of the distance tables' product kernel (PRODUCT_TILES)", 120, 60,
+        *PRODUCT_TILES, out="attention_gpu_tiles_product.json",
     ),
     _bench(
         "dropout", "the roads in training with dropout 0.1", 150, 60, "--sections", "dropout", *LENGTHS,

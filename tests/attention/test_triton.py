@@ -2087,6 +2087,35 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
     assert triton_backend.NEAR_BAND == road and not triton_backend.TILE_OVERRIDES  # restored
 
 
+def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monkeypatch):
+    """``--tile-kernels _distance_product_kernel`` gives the swept shape to the distance tables' product kernel
+    (`triton_backend.PRODUCT_TILES`) only, on the distance road; on another road it is refused."""
+    import json
+
+    bench = _benchmark_module()
+    seen = []
+    real = triton_backend._kernel_band_product
+
+    def spy(*args):
+        seen.append(triton_backend.PRODUCT_TILES)
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
+    default = triton_backend.PRODUCT_TILES
+    out = tmp_path / "tiles.json"
+    args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x128w4s1", "--out", str(out)]
+    args += ["--tile-kernels", "_distance_product_kernel", "--near-band", "distance"]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    assert [r["impl"] for r in result["rows"]] == ["triton 32x128 w4 s1 distance (_distance_product_kernel)"]
+    assert "fwd_ms" in result["rows"][0]
+    assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
+    assert triton_backend.PRODUCT_TILES == default and not triton_backend.TILE_OVERRIDES  # restored
+    bad = [*args[:-1], "tables"]
+    with pytest.raises(SystemExit, match="its tables are the distance road's, not 'tables'"):
+        bench.main(bad)
+
+
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
     """The `dropout` section times the backends that have dropout, with it on (sdpa as the ceiling)."""
     import json
