@@ -99,6 +99,7 @@ SWEEP_TILES = ["64x32w4s2", "128x32w8s2", "32x64w4s2"]
 DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of the distance forward and dQ
 # the distance tables' product kernel (`triton_backend.PRODUCT_TILES`, 64x64 w4, never timed against others):
 # shapes that compile for sm_90 under Triton 3.6 and 3.9 without spills, with 16-byte stores
+# (`python tests/attention/compile_triton_kernels.py --product-sweep`, every head dim, bf16 and fp16)
 PRODUCT_SWEEP_TILES = ["64x64w4s1", "64x128w8s1", "128x64w8s1", "128x128w8s1", "64x256w8s1"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its

@@ -16,6 +16,9 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
     python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80),
                                                               # and the configured tiles for sm_86 within its
                                                               # shared memory
+    python tests/attention/compile_triton_kernels.py --product-sweep  # and the distance tables' product at
+                                                              # every shape of the GPU suite's sweep
+                                                              # (`gpu_suite.PRODUCT_SWEEP_TILES`)
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def tensor_cores_from_sm80() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compile the triton kernels for NVIDIA targets")
     parser.add_argument("--all", action="store_true")
+    parser.add_argument("--product-sweep", action="store_true")
     args = parser.parse_args(argv)
     if triton.knobs.runtime.interpret:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
@@ -165,16 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
     products, scalar_stores = [], []
-    for dtype, head_dim in itertools.product(("bf16", "fp16"), (16, 32, 64, 128)):
-        c = compile_product_kernel(dtype, head_dim, PRODUCT_TILES)
+    shapes = [PRODUCT_TILES, *(_product_sweep() if args.product_sweep else [])]
+    for tiles, dtype, head_dim in itertools.product(shapes, ("bf16", "fp16"), (16, 32, 64, 128)):
+        c = compile_product_kernel(dtype, head_dim, tiles)
         n += 1
-        print(f"_distance_product_kernel {dtype} d{head_dim} {PRODUCT_TILES}: {c}")
+        print(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c}")
         if c.stack_bytes:
-            spills.append(f"_distance_product_kernel {dtype} d{head_dim} {PRODUCT_TILES}: {c}")
+            spills.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c}")
         if not any(c.ops[op] for op in MMA_OPS):
-            products.append(f"_distance_product_kernel {dtype} d{head_dim}")
+            products.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}")
         if not c.ops["STG.128"]:  # the inner tiles' 16-byte stores (`triton_products`)
-            scalar_stores.append(f"_distance_product_kernel {dtype} d{head_dim}: {c.ops}")
+            scalar_stores.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c.ops}")
     premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
@@ -193,6 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print(f"{title}:\n" + "\n".join(problems), file=sys.stderr)
     return 1 if any(problems for _, problems in checks) else 0
+
+
+def _product_sweep() -> list:
+    """The product kernel's shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gpu_suite import PRODUCT_SWEEP_TILES
+
+    from debertakit.attention.triton_aot import Tiles
+
+    return [t for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
 
 
 if __name__ == "__main__":
