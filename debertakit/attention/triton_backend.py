@@ -1079,8 +1079,8 @@ _bwd_op = torch.library.custom_op("debertakit::disentangled_attention_bwd", _bwd
 def _mirrored(lut: Tensor, sat: int) -> Tensor:
     """The lookup table of a distance buffer whose row holds distance -δ in cell δ + sat (the query rows': their
     cells run by j - i, `triton_kernels._table_grad`): the 2·sat + 1 entries reversed, the padding's as they
-    are. Made once per mapping and shape (`triton_attention` keeps it with the mapping, `RelativeIndex.cached`),
-    not in every backward: two launches."""
+    are. Made with the LUT (`_luts`, kept with the mapping: `RelativeIndex.cached`), not in every backward: two
+    launches."""
     return torch.cat([lut[: 2 * sat + 1].flip(0), lut[2 * sat + 1 :]])
 
 
@@ -1175,11 +1175,6 @@ def _rows(x: Tensor | None, batch: int, n: int) -> Tensor | None:
     return x.to(torch.int32).expand(batch, n).contiguous()
 
 
-def _arange_rows(batch: int, n: int, device: torch.device) -> Tensor:
-    """The default positions 0 … n - 1 of every row as `_rows` gives them: (B, N) int32 contiguous."""
-    return torch.arange(n, dtype=torch.int32, device=device).expand(batch, n).contiguous()
-
-
 def _check_distinct(pos: Tensor, seg: Tensor | None, mask: Tensor | None, side: str) -> None:
     """Explicit positions must differ inside each sequence (the backward stores one cell per distance)."""
     key = pos.long()
@@ -1238,8 +1233,10 @@ def _geometry_inputs(
     """The kernels' inputs that depend on the geometry alone, the same in every layer (`Geometry.cached`): int32
     (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`. Explicit positions are
     checked here, once per geometry (the check reads a flag from the device)."""
-    q_pos = _rows(geom.q_positions, B, NQ) if geom.q_positions is not None else _arange_rows(B, NQ, device)
-    k_pos = _rows(geom.k_positions, B, NK) if geom.k_positions is not None else _arange_rows(B, NK, device)
+    # default positions made int32 (`_rows` then converts nothing): `Geometry.positions` gives int64
+    default = functools.partial(torch.arange, dtype=torch.int32, device=device)
+    q_pos = _rows(geom.q_positions if geom.q_positions is not None else default(NQ), B, NQ)
+    k_pos = _rows(geom.k_positions if geom.k_positions is not None else default(NK), B, NK)
     q_seg = _rows(geom.q_segments, B, NQ)
     k_seg = _rows(geom.k_segments, B, NK)
     k_mask = _rows(geom.key_mask, B, NK)
@@ -1268,6 +1265,12 @@ def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple
     lut = rel.lut_on(device)[span].clamp(0, rows - 1) - lo
     lut = torch.cat([lut, lut[-1:].expand(_distance_stride(sat) - lut.numel())])
     return lo, hi, lut.to(torch.int32)
+
+
+def _luts(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple[int, int, Tensor, Tensor]:
+    """`_lut`'s (lo, hi, lut) and the LUT's mirror for the query rows' distance buffer (`_mirrored`)."""
+    lo, hi, lut = _lut(rel, sat, rows, device)
+    return lo, hi, lut, _mirrored(lut, sat)
 
 
 def _far_tiles(geom: Geometry, ij: bool, sat: int, NQ: int, NK: int) -> bool:
@@ -1342,10 +1345,12 @@ def triton_attention(
             sat = max(1, min(sat, geom.max_distance(NQ, NK) + 1))
         far_tiles = _far_tiles(geom, ij, sat, NQ, NK)
         rows = (pos_k if pos_k is not None else pos_q).shape[1]
-        # the lookup tables depend on the mapping and the shapes alone: kept with the mapping across forwards
-        lo, hi, lut = rel.cached(("triton-lut", sat, rows, device), lambda: _lut(rel, sat, rows, device))
-        if c2p or p2p:  # ROW: the backward folds the query rows' distance buffer through the mirrored LUT
-            q_lut = rel.cached(("triton-q-lut", sat, rows, device), lambda: _mirrored(lut, sat))
+        # the lookup tables depend on the mapping and the shapes alone: kept with the mapping across forwards,
+        # the LUT with its mirror (the backward folds the query rows' distance buffer of ROW through it)
+        lo, hi, lut, mirrored = rel.cached(
+            ("triton-lut", sat, rows, device), lambda: _luts(rel, sat, rows, device)
+        )
+        q_lut = mirrored if c2p or p2p else None
         if (c2p or p2c) and _uses_distance(ij, p2p):
             # one layout for both directions: from the tiles of the three kernels (those they run with dropout)
             tiles = [tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES]
