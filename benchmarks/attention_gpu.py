@@ -661,7 +661,7 @@ def folds_section(args, device: str, dtype) -> Iterator[Unit]:
         content = tb._per_head(
             torch.randn(batch, n, H, D, generator=g, device=device, dtype=dtype).transpose(1, 2)
         )
-        grad = torch.zeros(batch, H, n, D, device=device)
+        grad = torch.zeros(batch, n, H, D, device=device).transpose(1, 2)  # dQ / dK: the projections' layout
         rows = []
         for stride in (2 * sat + 1, tb._distance_stride(sat)):
             dist = torch.randn(H, batch * n, stride, generator=g, device=device, dtype=dtype)

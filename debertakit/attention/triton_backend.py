@@ -649,19 +649,44 @@ def _flags(
 
 
 _BMM_OUT_DTYPE = "dtype" in torch.ops.aten.bmm.overloads()  # bmm(..., out_dtype=): PyTorch 2.8 and later
+# baddbmm(..., out_dtype=, out=): likewise
+_BADDBMM_OUT_DTYPE = "dtype_out" in torch.ops.aten.baddbmm.overloads()
+
+
+def _on_tensor_cores(a: Tensor, b: Tensor, out_dtype: bool) -> bool:
+    """Whether a float32 product of ``a`` and ``b`` runs on their 16-bit operands (``out_dtype``: the PyTorch
+    at hand has the op's float32-result overload). On a GPU with 16-bit operands the product runs on the tensor
+    cores with a float32 result (exact products, float32 accumulation: what the kernels compute from the same
+    operands); float32 operands on CUDA cores would be an order of magnitude slower for the same numbers.
+    Elsewhere (the CPU interpreter, float32 inputs) the operands are widened to float32: CPU has no 16-bit ->
+    float32 bmm."""
+    half = a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
+    return half and a.device.type != "cpu" and out_dtype
 
 
 def _matmul_f32(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` as float32 per head, a (H, M, K), b (H, K, N). On a GPU with 16-bit operands the product runs
-    on the tensor cores with a float32 result (exact products, float32 accumulation: what the kernels compute
-    from the same operands); float32 operands on CUDA cores would be an order of magnitude slower for the same
-    numbers. Elsewhere (the CPU interpreter, float32 inputs) the operands are widened to float32. Operands with
-    a unit stride in either of their last two dims are read in place (cuBLAS takes any row stride and batch
-    stride), so `_per_head` views cost no copy."""
-    half = a.dtype in (torch.float16, torch.bfloat16) and b.dtype == a.dtype
-    if not half or a.device.type == "cpu" or not _BMM_OUT_DTYPE:  # CPU has no 16-bit -> float32 bmm
-        return torch.bmm(a.float(), b.float())
-    return torch.bmm(a, b, out_dtype=torch.float32)
+    """``a @ b`` as float32 per head, a (H, M, K), b (H, K, N) (`_on_tensor_cores`). Operands with a unit
+    stride in either of their last two dims are read in place (cuBLAS takes any row stride and batch stride),
+    so `_per_head` views cost no copy."""
+    if _on_tensor_cores(a, b, _BMM_OUT_DTYPE):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())
+
+
+def _add_matmul_f32(out: Tensor, a: Tensor, b: Tensor, alpha: float) -> None:
+    """``out += alpha · a @ b`` per head, ``out`` (H, M, N) float32, in place, as `_matmul_f32` multiplies.
+    The sum is the product's epilogue (cuBLAS's beta = 1): no float32 (H, M, N) product in memory and no
+    separate kernel to add it. ``out`` may be a strided view with a unit stride in its last dim (cuBLAS writes
+    it through its row and batch strides: a `_per_head` view of a gradient). Tensors without data (the meta
+    device, FakeTensors while shapes are traced) add a `_matmul_f32` product instead: PyTorch's decomposition
+    of ``baddbmm(..., out_dtype=)``, which they run, takes the dtype for ``beta`` and fails
+    (pytorch/pytorch#163880), so `benchmarks/triton_host_cost.py` counts this fold's traffic unfused."""
+    if out.device.type == "meta" or type(out) is not torch.Tensor:
+        out.add_(_matmul_f32(a, b), alpha=alpha)
+    elif _on_tensor_cores(a, b, _BADDBMM_OUT_DTYPE):
+        torch.baddbmm(out, a, b, out_dtype=torch.float32, alpha=alpha, out=out)
+    else:
+        out.baddbmm_(a.float(), b.float(), alpha=alpha)
 
 
 def _per_head(t: Tensor) -> Tensor:
@@ -670,6 +695,15 @@ def _per_head(t: Tensor) -> Tensor:
     (what the projections give), a copy otherwise."""
     B, H, N, C = t.shape
     return t.permute(1, 0, 2, 3).reshape(H, B * N, C)
+
+
+def _per_head_view(t: Tensor) -> Tensor | None:
+    """(B, H, N, c) ``t`` as an (H, B·N, c) view that writes through to it (`_per_head`'s layout), or None
+    where its strides admit none: a (B, N, H, c) tensor viewed as (B, H, N, c) has one, a contiguous (B, H, N,
+    c) one only at B = 1."""
+    B, H, N, C = t.shape
+    t = t.permute(1, 0, 2, 3)
+    return t.reshape(H, B * N, C) if B == 1 or t.stride(1) == N * t.stride(2) else None
 
 
 def _tables(
@@ -960,10 +994,15 @@ def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, s
     cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W') against the table rows
     gathered through the LUT, (H, W', d) (the padding's cells are zeros and its LUT entries a real row: `_lut`).
     No (N, R) buffer: folding the distances into table rows first would write and read one (the index_add), and
-    its matmul would run on float32 operands."""
+    its matmul would run on float32 operands. Where ``grad`` has a per-head view (the projections' layout) the
+    matmul adds into it directly (`_add_matmul_f32`); otherwise its (H, B·N, d) product is added after."""
+    rows = table[:, lut]  # (H, W', d)
+    into = _per_head_view(grad)
+    if into is not None:
+        _add_matmul_f32(into, dist, rows, scale)
+        return
     B, H, N, _ = grad.shape
-    per_head = _matmul_f32(dist, table[:, lut])  # (H, B·N, d)
-    grad.add_(per_head.unflatten(1, (B, N)).transpose(0, 1), alpha=scale)
+    grad.add_(_matmul_f32(dist, rows).unflatten(1, (B, N)).transpose(0, 1), alpha=scale)
 
 
 def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:

@@ -2757,6 +2757,53 @@ def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name)
         assert torch.isfinite(dist[..., : 2 * sat + 1]).all()  # every cell written
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("layout", ["projections", "contiguous"])
+def test_fold_into_content_adds_the_product_into_the_gradient(layout, batch):
+    """`triton_backend._fold_into_content` adds Σ over δ of dist(n, δ) · table[lut(δ)] · scale into a gradient
+    of either kernel layout. Where the gradient has a per-head view (the projections' (B, N, H, d) layout, or
+    a contiguous one at B = 1) the matmul adds into that view itself (`_add_matmul_f32`): no product tensor
+    and no separate add; otherwise the product is added after."""
+    H, N, D, W, R, scale = 3, 20, 8, 16, 7, 0.3
+    g = torch.Generator().manual_seed(0)
+    dist = torch.randn(H, batch * N, W, generator=g)
+    table = torch.randn(H, R, D, generator=g)
+    lut = torch.randint(0, R, (W,), generator=g)
+    if layout == "projections":
+        grad = torch.randn(batch, N, H, D, generator=g).transpose(1, 2)
+    else:
+        grad = torch.randn(batch, H, N, D, generator=g)
+    product = torch.einsum("hbnw,hwd->bhnd", dist.view(H, batch, N, W).double(), table[:, lut].double())
+    want = grad.double() + scale * product
+    with _Ops() as probe:
+        triton_backend._fold_into_content(dist, table, lut, grad, scale)
+    torch.testing.assert_close(grad.double(), want, atol=1e-5, rtol=1e-5)
+    in_place = layout == "projections" or batch == 1
+    assert (probe.ops["aten.baddbmm_.default"] == 1) == in_place, probe.ops
+    assert (probe.ops["aten.add_.Tensor"] == 0) == in_place, probe.ops
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fold_into_content_adds_on_the_tensor_cores_gpu(dtype):
+    """On CUDA with 16-bit buffers the fold's matmul adds its float32 result into the gradient's per-head view
+    through cuBLAS's strides (``baddbmm(..., out_dtype=float32, out=view)``): the sum of the float32 products of
+    the same operands, written where the gradient lies and nowhere else."""
+    H, B, N, D, W, R = 3, 2, 300, 64, 160, 90
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dist = torch.randn(H, B * N, W, device="cuda", generator=g).to(dtype)
+    table = torch.randn(H, R, D, device="cuda", generator=g).to(dtype)
+    lut = torch.randint(0, R, (W,), device="cuda", generator=g)
+    store = torch.randn(B, N, H + 1, D, device="cuda", generator=g)  # one head more: cells it must not touch
+    grad = store[:, :, :H].transpose(1, 2)
+    before = store.clone()
+    product = torch.einsum("hbnw,hwd->bhnd", dist.view(H, B, N, W).double(), table[:, lut].double())
+    triton_backend._fold_into_content(dist, table, lut, grad, 0.5)
+    torch.testing.assert_close(grad.double(), before[:, :, :H].transpose(1, 2).double() + 0.5 * product,
+                               atol=1e-3, rtol=1e-4)  # fmt: skip
+    assert torch.equal(store[:, :, H], before[:, :, H])
+
+
 def test_distance_ends_are_cols_saturated_cells_without_an_index_tensor():
     """`triton_backend._distance_ends`: per key COL's cells of distance -sat and +sat, taken as views. A list
     index copied itself from host memory in every call with far tiles: on a GPU a wait for it, and inside a CUDA
