@@ -79,6 +79,16 @@ def _nbytes(t: torch.Tensor) -> int:
     return math.prod(n for n, stride in zip(t.shape, t.stride()) if stride != 0) * t.element_size()
 
 
+def _adds_into_out(func, args, kwargs) -> torch.Tensor | None:
+    """The result of ``baddbmm(..., out_dtype=, out=)`` on the meta device (the backward's folds into dQ / dK,
+    `triton_backend._add_matmul_f32`) without running it: PyTorch's meta function for it takes the dtype for
+    ``beta`` and fails (pytorch/pytorch#163880). Its result is its ``out`` tensor, shape and strides unchanged.
+    None for every other operation."""
+    if func is torch.ops.aten.baddbmm.dtype_out and kwargs["out"].device.type == "meta":
+        return kwargs["out"]
+    return None
+
+
 class Recorder(TorchDispatchMode):
     """FLOPs by operand dtype, bytes read and written, and the operations that launch a GPU kernel (every one
     but views and allocations), of every operation."""
@@ -92,7 +102,8 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = _adds_into_out(func, args, kwargs)
+        out = func(*args, **kwargs) if out is None else out
         name = func.overloadpacket.__name__
         if func.is_view or name in VIEWS or name in ALLOCATIONS:  # nothing moved, nothing launched
             return out

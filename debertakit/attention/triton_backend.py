@@ -677,13 +677,8 @@ def _add_matmul_f32(out: Tensor, a: Tensor, b: Tensor, alpha: float) -> None:
     """``out += alpha · a @ b`` per head, ``out`` (H, M, N) float32, in place, as `_matmul_f32` multiplies.
     The sum is the product's epilogue (cuBLAS's beta = 1): no float32 (H, M, N) product in memory and no
     separate kernel to add it. ``out`` may be a strided view with a unit stride in its last dim (cuBLAS writes
-    it through its row and batch strides: a `_per_head` view of a gradient). Tensors without data (the meta
-    device, FakeTensors while shapes are traced) add a `_matmul_f32` product instead: PyTorch's decomposition
-    of ``baddbmm(..., out_dtype=)``, which they run, takes the dtype for ``beta`` and fails
-    (pytorch/pytorch#163880), so `benchmarks/triton_host_cost.py` counts this fold's traffic unfused."""
-    if out.device.type == "meta" or type(out) is not torch.Tensor:
-        out.add_(_matmul_f32(a, b), alpha=alpha)
-    elif _on_tensor_cores(a, b, _BADDBMM_OUT_DTYPE):
+    it through its row and batch strides: a `_per_head` view of a gradient)."""
+    if _on_tensor_cores(a, b, _BADDBMM_OUT_DTYPE):
         torch.baddbmm(out, a, b, out_dtype=torch.float32, alpha=alpha, out=out)
     else:
         out.baddbmm_(a.float(), b.float(), alpha=alpha)
