@@ -24,7 +24,10 @@ Sections (all bfloat16 on one CUDA device):
    default (`road_rows`: the one that is the default is left out of the runs that time every road).
    ``triton (cuBLAS tables)`` is ``triton`` with the distance tables built by one batched matmul
    (`triton_backend.DISTANCE_PRODUCT` "cublas", one-element aligned at their odd row stride) instead of
-   `triton_products`' kernel. ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
+   `triton_products`' kernel; ``triton (product TMA stores)`` is ``triton`` with that kernel's inner blocks
+   stored through a tensor descriptor (`triton_backend.PRODUCT_STORES` "tma"), ``triton (product row loop)``
+   with one program per row block running over its column blocks (`triton_backend.PRODUCT_PROGRAMS` "rows").
+   ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
    compiled graphs run them (eager calls skip the ops' dispatch: `triton_backend._attention`).
@@ -152,6 +155,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--near-band",
         default="tables",
         help="the `tiles` section's near-band road (triton_backend.NEAR_BAND): tables, distance, skew-forward or skew",
+    )
+    p.add_argument(
+        "--product-stores",
+        choices=("pointers", "tma"),
+        help="how every row's distance tables store their inner blocks (triton_backend.PRODUCT_STORES; "
+        "default: the backend's)",
+    )
+    p.add_argument(
+        "--product-programs",
+        choices=("blocks", "rows"),
+        help="the product kernel's programs in every row (triton_backend.PRODUCT_PROGRAMS; default: the "
+        "backend's); with rows, the tile sweep of _distance_product_kernel sets PRODUCT_ROW_TILES",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
@@ -316,6 +331,10 @@ def _attention_rows(
         candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
         cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
         candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
+        tma = _with_backend_settings(candidates["triton"][0], PRODUCT_STORES="tma")
+        candidates[PRODUCT_TMA_ROW] = (tma, leaves, grad)
+        row_loop = _with_backend_settings(candidates["triton"][0], PRODUCT_PROGRAMS="rows")
+        candidates[PRODUCT_ROWS_ROW] = (row_loop, leaves, grad)
         from debertakit.attention import triton_backend
 
         through_op = _with_backend_settings(candidates["triton"][0], _attention=triton_backend._fwd_op)
@@ -385,6 +404,13 @@ THREE_RUNS_ROW = "triton (three runs)"
 # `triton` with the distance tables built by one batched matmul (`triton_backend.DISTANCE_PRODUCT` "cublas"), which
 # cuBLAS runs on a one-element-aligned kernel at their odd row stride, instead of by `triton_products`' kernel
 CUBLAS_TABLES_ROW = "triton (cuBLAS tables)"
+# `triton` with the product kernel's inner blocks stored by the tensor-memory unit through a descriptor
+# (`triton_backend.PRODUCT_STORES` "tma"; Hopper and later, elsewhere the same as `triton`), against an address
+# per element: which should be the default
+PRODUCT_TMA_ROW = "triton (product TMA stores)"
+# `triton` with one product-kernel program per row block, its column blocks in a pipelined loop
+# (`triton_backend.PRODUCT_PROGRAMS` "rows", at `PRODUCT_ROW_TILES`), against one program per block
+PRODUCT_ROWS_ROW = "triton (product row loop)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -406,6 +432,8 @@ def attention_row_names() -> list[str]:
         *NEAR_BAND_ROWS,
         THREE_RUNS_ROW,
         CUBLAS_TABLES_ROW,
+        PRODUCT_TMA_ROW,
+        PRODUCT_ROWS_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -519,7 +547,8 @@ def parse_tiles(spec: str):
 
 
 # the distance tables' product kernel (`triton_products`): ``--tile-kernels`` may name it beside the attention
-# kernels; its tiles are `triton_backend.PRODUCT_TILES` (stages unused: the kernel has no loop)
+# kernels; its tiles are `triton_backend.PRODUCT_TILES` (stages unused: the kernel has no loop), or with
+# `--product-programs rows` `PRODUCT_ROW_TILES` (whose stages pipeline the row's loop)
 PRODUCT_KERNEL = "_distance_product_kernel"
 
 
@@ -547,8 +576,9 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
 
     def measure(tiles, n: int) -> list[dict]:
         settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
-        if product:
-            settings["PRODUCT_TILES"] = tiles
+        if product:  # the tiles of the kernel's programs as this run has them (--product-programs)
+            rows = triton_backend.PRODUCT_PROGRAMS == "rows"
+            settings["PRODUCT_ROW_TILES" if rows else "PRODUCT_TILES"] = tiles
         # with position terms, and where the attention kernels take the tiles the same tiles' plain-attention
         # ceiling (the plain row builds no distance table)
         only = ("triton", PLAIN_ROW) if kernels else ("triton",)
@@ -1172,6 +1202,8 @@ def environment(device: str) -> dict:
         # the "tables" road: the default until 2026-11-26)
         "near_band": triton_backend.NEAR_BAND,
         "distance_product": triton_backend.DISTANCE_PRODUCT,
+        "product_stores": triton_backend.PRODUCT_STORES,  # the product kernel's inner blocks (--product-stores)
+        "product_programs": triton_backend.PRODUCT_PROGRAMS,  # and its programs (--product-programs)
     }
     for mod in ("triton", "transformers", "flashdeberta"):
         env[mod] = _version(mod)
@@ -1364,6 +1396,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     check_impls(args.impls)
     import torch
+
+    from debertakit.attention import triton_backend
+
+    if args.product_stores is not None:
+        triton_backend.PRODUCT_STORES = args.product_stores
+    if args.product_programs is not None:
+        triton_backend.PRODUCT_PROGRAMS = args.product_programs
 
     if args.smoke:
         device = "cpu"

@@ -8,7 +8,9 @@ each step's cap and what it decides):
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
-   same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes) and with one
+   same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
+   kernel's inner blocks stored through a tensor descriptor (``triton (product TMA stores)``), with its
+   programs looping over a row block's columns (``triton (product row loop)``) and with one
    geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
    skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
@@ -20,7 +22,10 @@ each step's cap and what it decides):
    (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
    is the code's correctness on a GPU and where its time goes);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
-7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`);
+7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`), and
+   ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``: of the distance tables' product kernel
+   (`PRODUCT_TILES`), with an address per element, with tensor-memory stores (`PRODUCT_STORES`), and as a loop
+   per row block (`PRODUCT_PROGRAMS`, `PRODUCT_ROW_TILES`);
 8. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
 
 Each step runs as a child process in its own process group, its output in ``logs/<step>.log``. When its cap
@@ -81,12 +86,15 @@ from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
-# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes) and with one geometry for
+# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's
+# tensor-memory stores (`attention_gpu.PRODUCT_TMA_ROW`: whether they should be the default), with one geometry for
 # all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
 # (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
 ROADS = [
     "triton",
     "triton (cuBLAS tables)",
+    "triton (product TMA stores)",
+    "triton (product row loop)",
     "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",
@@ -101,6 +109,9 @@ DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of 
 # shapes that compile for sm_90 under Triton 3.6 and 3.9 without spills, with 16-byte stores
 # (`python tests/attention/compile_triton_kernels.py --product-sweep`, every head dim, bf16 and fp16)
 PRODUCT_SWEEP_TILES = ["64x64w4s1", "64x128w8s1", "128x64w8s1", "128x128w8s1", "64x256w8s1"]
+# and of its row loop (`triton_backend.PRODUCT_PROGRAMS` "rows", `PRODUCT_ROW_TILES` 64x64 w4 s3): two and three
+# stages, larger shapes; spill-free for sm_90 at every head dim (the same script)
+PRODUCT_ROW_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "64x128w8s3", "128x64w8s3", "128x128w8s3"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -201,7 +212,7 @@ DISTANCE_TILES = [
     "--tiles",
     *DISTANCE_SWEEP_TILES,
 ]
-PRODUCT_TILES = [
+PRODUCT_SWEEP = [
     "--sections",
     "tiles",
     "--near-band",
@@ -212,7 +223,6 @@ PRODUCT_TILES = [
     "512",
     "2048",
     "--tiles",
-    *PRODUCT_SWEEP_TILES,
 ]
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
@@ -248,7 +258,17 @@ PLAN = [
     ),
     _bench(
         "tiles-product", "tile shapes of the distance tables' product kernel (PRODUCT_TILES)", 120, 60,
-        *PRODUCT_TILES, out="attention_gpu_tiles_product.json",
+        *PRODUCT_SWEEP, *PRODUCT_SWEEP_TILES, out="attention_gpu_tiles_product.json",
+    ),
+    _bench(
+        "tiles-product-tma", "the same shapes with the product kernel's tensor-memory stores (PRODUCT_STORES)",
+        120, 60, *PRODUCT_SWEEP, *PRODUCT_SWEEP_TILES, "--product-stores", "tma",
+        out="attention_gpu_tiles_product_tma.json",
+    ),
+    _bench(
+        "tiles-product-rows", "shapes of the product kernel's row loop (PRODUCT_PROGRAMS rows, PRODUCT_ROW_TILES)",
+        120, 60, *PRODUCT_SWEEP, *PRODUCT_ROW_SWEEP_TILES, "--product-programs", "rows",
+        out="attention_gpu_tiles_product_rows.json",
     ),
     _bench(
         "dropout", "the roads in training with dropout 0.1", 150, 60, "--sections", "dropout", *LENGTHS,

@@ -268,13 +268,18 @@ PRODUCT_ALIGNED = {
 }
 
 
-def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
+def compile_product_kernel(
+    dtype: str, head_dim: int, tiles: Tiles, capability: int = 90, tma: bool = False, row_loop: bool = False
+) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
     reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
     output too: `triton_backend._product_buffer` aligns a banded table's start), the operands' strides, the rows
     per band, the rows M and R (the row stride less one) are multiples of 16. The row stride itself is odd: the
     stores are vectorised only where the kernel's arithmetic shows each row's start a multiple of 16 bytes
-    (``ops["STG.128"]``)."""
+    (``ops["STG.128"]``). With ``tma`` the inner blocks are stored through a tensor descriptor instead
+    (`triton_backend.PRODUCT_STORES`): ``ops["TMA"]`` counts the PTX's tensor-memory stores
+    (``cp.async.bulk.tensor``). With ``row_loop`` a program runs over its row block's column blocks
+    (`triton_backend.PRODUCT_PROGRAMS` "rows"): ``tile_loops`` then holds that loop."""
     from triton.compiler import ASTSource
 
     from debertakit.attention import triton_products
@@ -283,9 +288,20 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
     # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
     vec = 4 if dtype == "fp32" else 8
     constexprs = dict(
-        D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, VEC=vec, PREC=1 if dtype == "fp32" else 0
+        D=head_dim,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        VEC=vec,
+        PREC=1 if dtype == "fp32" else 0,
+        TMA=tma,
+        ROW_LOOP=row_loop,
     )
-    pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype)
+    if not tma:
+        constexprs["OUT_DESC"] = None  # what the launch passes without descriptor
+    box = (
+        f"tensordesc<{dtype}[1, 1, {tiles.block_m}, {tiles.block_n}]>"  # `triton_backend._residue_descriptor`
+    )
+    pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype, OUT_DESC=box)
     sig = {
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names
@@ -294,7 +310,10 @@ def compile_product_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: 
         (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in PRODUCT_ALIGNED
     }
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    return inspect_compiled(fn.__name__, compile_source(src, tiles.options, capability))
+    compiled = compile_source(src, tiles.options, capability)
+    result = inspect_compiled(fn.__name__, compiled)
+    result.ops["TMA"] = compiled.asm["ptx"].count("cp.async.bulk.tensor")
+    return result
 
 
 def _checked_cubin(name: str, compiled) -> None:

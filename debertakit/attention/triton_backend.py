@@ -256,6 +256,13 @@ def skew_served(head_dim: int, kernels: tuple[str, ...], dropout: bool = False) 
     return all(name in _skew_tiles(dropout)[_tile_width(head_dim)] for name in kernels)
 
 
+def _check_mode(name: str, value: str, modes: tuple[str, ...]) -> None:
+    """A module setting (``NEAR_BAND``, ``DISTANCE_PRODUCT``, ...) that is not one of its ``modes``: an error
+    naming it, before a kernel runs on a value no branch expects."""
+    if value not in modes:
+        raise ValueError(f"triton_backend.{name} must be one of {modes}, got {value!r}")
+
+
 def _uses_skew(
     q: Tensor,
     pos_q: Tensor | None,
@@ -268,8 +275,7 @@ def _uses_skew(
     """Whether ``kernels`` (`FORWARD` or `BACKWARD`) compute the near band's terms from the position tables
     (`NEAR_BAND`): distance i - j, no p2p, skew tiles for the head dim (with or without dropout), tables in the
     inputs' dtype (the products run on the tensor cores in that dtype)."""
-    if NEAR_BAND not in NEAR_BAND_MODES:
-        raise ValueError(f"triton_backend.NEAR_BAND must be one of {NEAR_BAND_MODES}, got {NEAR_BAND!r}")
+    _check_mode("NEAR_BAND", NEAR_BAND, NEAR_BAND_MODES)
     wanted = NEAR_BAND == "skew" or (NEAR_BAND == "skew-forward" and kernels == FORWARD)
     tables = [t for t in (pos_q, pos_k) if t is not None]
     same_dtype = bool(tables) and all(t.dtype == q.dtype for t in tables)
@@ -484,6 +490,60 @@ DISTANCE_PRODUCT = "triton"
 # tuned on a GPU: 64×64 with 4 warps compiles for sm_90 without spills at every head dim, with 16-byte stores
 # (tests/attention/compile_triton_kernels.py).
 PRODUCT_TILES = Tiles(64, 64, 4, 1)
+# How the product kernel stores its inner blocks (`triton_products`): "pointers", an address per element
+# (16-byte vector stores), or "tma", one tensor-memory store per block through a descriptor (Hopper and later;
+# elsewhere, and where the table's rows are not a multiple of 16 bytes' elements, the pointers). Both write the
+# same cells; the second is not timed on a GPU yet (`benchmarks/attention_gpu.py`'s row "triton (product TMA
+# stores)"), so the first stays the default.
+PRODUCT_STORES_MODES = ("pointers", "tma")
+PRODUCT_STORES = "pointers"
+# Which programs the product kernel runs (`triton_products`): "blocks", one per block of rows and cells, or
+# "rows", one per block of rows, reading its rows of q / k once and running over their column blocks in a loop
+# (pipelined at `PRODUCT_ROW_TILES`' stages: the next block's cells and table rows load while this one is
+# stored).
+# One tile a program left its loads' latency exposed: at N = 512 on an H100 ncu put the kernel's top stall on
+# waiting for global loads (long_scoreboard, 4.2 cycles per issued instruction) with 48% of issue slots busy
+# (`benchmarks/results/attention_ncu_h100_9b811db.md`). Not timed on a GPU yet (`benchmarks/attention_gpu.py`'s
+# row "triton (product row loop)"): "blocks" stays the default.
+PRODUCT_PROGRAMS_MODES = ("blocks", "rows")
+PRODUCT_PROGRAMS = "blocks"
+# the tiles of "rows": PRODUCT_TILES' shape with three stages (one would leave the loop's loads unpipelined;
+# with three Triton loads the table rows by asynchronous copies). Compiles for sm_90 without spills at head dims
+# 16 to 128 under Triton 3.6 and 3.9 (tests/attention/compile_triton_kernels.py)
+PRODUCT_ROW_TILES = Tiles(64, 64, 4, 3)
+
+
+def _tma_stores(heads: Tensor, m: int, vec: int) -> bool:
+    """Whether the product kernel stores its inner blocks through a tensor descriptor (`PRODUCT_STORES`): on a
+    GPU with the tensor-memory unit (compute capability 9 and later) or in the interpreter, where Triton has
+    descriptors, with M a multiple of the elements in 16 bytes (the descriptor's strides and rows)."""
+    _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
+    if PRODUCT_STORES != "tma" or m % vec or _TensorDescriptor() is None:
+        return False
+    dev = heads.device
+    return dev.type == "cpu" or (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9)
+
+
+@functools.cache
+def _TensorDescriptor():  # noqa: N802 (a class)
+    """Triton's host-side tensor descriptor class, or None where this Triton has none."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def _residue_descriptor(out: Tensor, vec: int, block: Tiles):
+    """``out`` (H·BANDS, M, R + 1) as the product kernel's ``OUT_DESC``: (H·BANDS, VEC, M / VEC, R + VEC), rows
+    of residue s modulo VEC at s·R + VEC·(R + 1)·i, a row's cell e in column s + e (`triton_products`)."""
+    hb, m, width = out.shape
+    return _TensorDescriptor()(
+        out,
+        shape=[hb, vec, m // vec, width - 1 + vec],
+        strides=[m * width, width - 1, vec * width, 1],
+        block_shape=[1, 1, block.block_m, block.block_n],
+    )
 
 
 def _product_kernel_serves(heads: Tensor, table: Tensor, cells: Tensor) -> bool:
@@ -491,10 +551,7 @@ def _product_kernel_serves(heads: Tensor, table: Tensor, cells: Tensor) -> bool:
     pairs within the launch grid's second axis. float32 tables stay with the matmul: IEEE float32 products run
     on the CUDA cores either way (cuBLAS's float32 kernels ask for 4-byte alignment only), and the kernel
     compiled for them spills registers at head dim 64 and 128 (tests/attention/compile_triton_kernels.py)."""
-    if DISTANCE_PRODUCT not in DISTANCE_PRODUCT_MODES:
-        raise ValueError(
-            f"triton_backend.DISTANCE_PRODUCT must be one of {DISTANCE_PRODUCT_MODES}, got {DISTANCE_PRODUCT!r}"
-        )
+    _check_mode("DISTANCE_PRODUCT", DISTANCE_PRODUCT, DISTANCE_PRODUCT_MODES)
     half = heads.dtype in (torch.bfloat16, torch.float16) and table.dtype == heads.dtype
     return DISTANCE_PRODUCT == "triton" and half and heads.shape[0] * cells.shape[0] < 2**16
 
@@ -520,15 +577,21 @@ def _kernel_band_product(
         out.fill_(float("nan"))
     heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
     cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
-    t = PRODUCT_TILES
+    _check_mode("PRODUCT_PROGRAMS", PRODUCT_PROGRAMS, PRODUCT_PROGRAMS_MODES)
+    row_loop = PRODUCT_PROGRAMS == "rows"
+    t = PRODUCT_ROW_TILES if row_loop else PRODUCT_TILES
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
-    blocks = triton_cdiv(width - 1 + vec, t.block_n) * triton_cdiv(m, vec * t.block_m) * vec
+    tma = _tma_stores(heads, m, vec)
+    blocks = triton_cdiv(m, vec * t.block_m) * vec  # row blocks, each of one residue
+    if not row_loop:
+        blocks *= triton_cdiv(width - 1 + vec, t.block_n)  # and column blocks
     grid = (blocks, H * bands)
     _products()._distance_product_kernel[grid](
         heads,
         table,
         cells,
         out,
+        _residue_descriptor(out, vec, t) if tma else None,
         alpha,
         heads.stride(0),
         heads.stride(1),
@@ -542,6 +605,8 @@ def _kernel_band_product(
         D=d,
         VEC=vec,
         PREC=_precision(heads),
+        TMA=tma,
+        ROW_LOOP=row_loop,
         **_launch(t),
     )
     return flat

@@ -27,6 +27,25 @@ that Triton can see, and the block's inner tiles (no cell outside 0 … R) store
 last tile of each row mask their cells and store elements (a block reaches up to VEC - 1 cells left of 0, so
 there are ``cdiv(R + VEC, BLOCK_N)`` blocks a row). The column blocks run fastest in the launch grid, so that
 the programs writing one row's cells run together.
+
+Tensor-memory stores (``TMA``, `triton_backend.PRODUCT_STORES` "tma", Hopper and later). A pointer store
+computes an address per 16 bytes, and integer work is much of what the kernel waits on: at N = 512 on an H100
+ncu put 21% of its stall samples on IMAD (code of 9b811db, `benchmarks/results/attention_ncu_h100_9b811db.md`).
+The rows of one residue s are one strided
+2-D tensor: row ``s + VEC·i`` at ``s·R + VEC·(R + 1)·i`` from the table's start, its cell e in column s + e,
+and every stride a multiple of 16 bytes (R is a multiple of 16; (R + 1)·VEC elements are 16·(R + 1) bytes).
+So the table is the 4-D tensor (head·band, residue, i, column) that ``OUT_DESC`` describes, and an inner block
+is one box of it, [hb, s, group / VEC, pid_n·BLOCK_N], stored by the tensor-memory unit from shared memory in
+one instruction; the descriptor's row count (M / VEC: M is a multiple of VEC) stops rows past M. The first and
+last block of each row keep the masked stores: their cells outside 0 … R belong to the rows beside theirs.
+
+Row loops (``ROW_LOOP``, `triton_backend.PRODUCT_PROGRAMS` "rows"). A program of one block loads its rows of q /
+k, the cells and the table rows, multiplies once and stores: nothing hides the loads' latency but other
+programs, and the same ncu run put the top stall on waiting for global loads (long_scoreboard, 4.2 cycles per
+issued instruction, 48% of issue slots busy). With ``ROW_LOOP`` a program takes a row block and runs over its
+column blocks: its rows of q / k and their indices are computed and loaded once, and at two or more stages
+the next block's cells and table rows load while this one is multiplied and stored (compiled for sm_90 the
+loop's body is about 330 instructions a block at 64×64, against 672 for a whole one-block program).
 """
 
 from __future__ import annotations
@@ -43,6 +62,7 @@ def _distance_product_kernel(
     T,  # (H, table rows, D) position table (Kr for ROW, Qr for COL), D contiguous
     CELLS,  # (BANDS, R + 1) int64: the table row each cell of a band's rows stands for
     OUT,  # (H·BANDS, M, R + 1) contiguous, M = B·LB: the table from its first cell
+    OUT_DESC,  # with TMA: OUT as (H·BANDS, VEC, M / VEC, R + VEC) rows by residue (see above); else None
     alpha,
     stride_xh,
     stride_xr,
@@ -58,11 +78,14 @@ def _distance_product_kernel(
     BLOCK_N: tl.constexpr,
     VEC: tl.constexpr,  # elements in 16 bytes
     PREC: tl.constexpr,
+    TMA: tl.constexpr,  # inner blocks stored through OUT_DESC
+    ROW_LOOP: tl.constexpr,  # a program per row block, its column blocks in a loop (see below)
 ):
-    # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short)
+    # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short); with
+    # ROW_LOOP one program per row block, which reads its rows of q / k once and runs over the row's column
+    # blocks (the next block's cells and table rows loaded while this one is stored, at num_stages > 1)
     col_blocks = tl.cdiv(R + VEC, BLOCK_N)
-    pid_n = tl.program_id(0) % col_blocks
-    pid_m = tl.program_id(0) // col_blocks
+    pid_m = tl.program_id(0) if ROW_LOOP else tl.program_id(0) // col_blocks
     hb = tl.program_id(1)  # head · BANDS + band
     h = hb // BANDS
     band = hb % BANDS
@@ -84,17 +107,30 @@ def _distance_product_kernel(
         mask=real[:, None],
         other=0.0,
     )  # (BLOCK_M, D)
+    T += h.to(tl.int64) * stride_th
+    CELLS += band * (R + 1)
+    if ROW_LOOP:
+        for pid_n in tl.range(0, col_blocks):
+            _block(x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
+                   BLOCK_M, BLOCK_N, VEC, PREC, TMA)  # fmt: skip
+    else:
+        _block(x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
+               tl.program_id(0) % col_blocks, d, BLOCK_M, BLOCK_N, VEC, PREC, TMA)  # fmt: skip
 
+
+@triton.jit
+def _block(
+    x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """Column block ``pid_n`` of the rows ``m`` (residue ``s``, rows of q / k ``x``): the products with the
+    table rows its cells stand for (T and CELLS at the head's and the band's start), stored."""
     # the block's cells, shifted by the residue, and the table rows they stand for
     first = pid_n * BLOCK_N - s
     e = first + tl.arange(0, BLOCK_N)
     in_row = (e >= 0) & (e <= R)
-    rows = tl.load(CELLS + band * (R + 1) + e, mask=in_row, other=0)
-    t = tl.load(
-        T + h.to(tl.int64) * stride_th + rows[:, None] * stride_tr + d[None, :],
-        mask=in_row[:, None],
-        other=0.0,
-    )  # (BLOCK_N, D)
+    rows = tl.load(CELLS + e, mask=in_row, other=0)
+    t = tl.load(T + rows[:, None] * stride_tr + d[None, :], mask=in_row[:, None], other=0.0)  # (BLOCK_N, D)
 
     acc = (_mm(x, tl.trans(t), PREC) * alpha).to(OUT.dtype.element_ty)  # (BLOCK_M, BLOCK_N)
     # m·(R + 1) + e = m·R + (group + VEC·i) + pid_n·BLOCK_N + j: all but j multiples of VEC
@@ -102,7 +138,9 @@ def _distance_product_kernel(
     out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + tl.arange(0, BLOCK_N)[None, :]
     rows_in = (m < M)[:, None]
     inner = (first >= 0) & (first + BLOCK_N - 1 <= R)  # no cell outside the row: a mask constant along it
-    if inner:  # 16-byte stores
+    if inner and TMA:  # one box of rows of residue s (the descriptor's row count stops those past M)
+        OUT_DESC.store([hb, s, group // VEC, pid_n * BLOCK_N], acc.reshape(1, 1, BLOCK_M, BLOCK_N))
+    elif inner:  # 16-byte stores
         tl.store(out, acc, mask=rows_in)
     else:
         tl.store(out, acc, mask=rows_in & in_row[None, :])

@@ -46,6 +46,7 @@ from debertakit.attention.triton_backend import (  # noqa: E402
     FORWARD,
     GPU_TIMED,
     KERNEL_NAMES,
+    PRODUCT_ROW_TILES,
     PRODUCT_TILES,
     TRITON_TENSOR_CORES,
     skew_served,
@@ -168,18 +169,32 @@ def main(argv: list[str] | None = None) -> int:
                 )
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
-    products, scalar_stores = [], []
-    shapes = [PRODUCT_TILES, *(_product_sweep() if args.product_sweep else [])]
-    for tiles, dtype, head_dim in itertools.product(shapes, ("bf16", "fp16"), (16, 32, 64, 128)):
-        c = compile_product_kernel(dtype, head_dim, tiles)
+    # both ways of storing the inner blocks (`triton_backend.PRODUCT_STORES`)
+    # and both kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop)
+    products, scalar_stores, no_tma, no_loop = [], [], [], []
+    shapes = [(PRODUCT_TILES, False), (PRODUCT_ROW_TILES, True)]
+    if args.product_sweep:
+        shapes += _product_sweep()
+    for (tiles, row_loop), dtype, head_dim, tma in itertools.product(
+        shapes, ("bf16", "fp16"), (16, 32, 64, 128), (False, True)
+    ):
+        c = compile_product_kernel(dtype, head_dim, tiles, tma=tma, row_loop=row_loop)
         n += 1
-        print(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c}")
+        name = (
+            f"_distance_product_kernel {dtype} d{head_dim} {tiles}{' tma' if tma else ''}"
+            f"{' row loop' if row_loop else ''}"
+        )
+        print(f"{name}: {c}")
+        if row_loop and len(c.tile_loops) != 1:  # the loop over the row's column blocks, one
+            no_loop.append(f"{name}: loops {c.tile_loops}")
         if c.stack_bytes:
-            spills.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c}")
+            spills.append(f"{name}: {c}")
         if not any(c.ops[op] for op in MMA_OPS):
-            products.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}")
-        if not c.ops["STG.128"]:  # the inner tiles' 16-byte stores (`triton_products`)
-            scalar_stores.append(f"_distance_product_kernel {dtype} d{head_dim} {tiles}: {c.ops}")
+            products.append(name)
+        if not tma and not c.ops["STG.128"]:  # the inner tiles' 16-byte stores (`triton_products`)
+            scalar_stores.append(f"{name}: {c.ops}")
+        if tma and not c.ops["TMA"]:  # the inner tiles' tensor-memory stores
+            no_tma.append(f"{name}: {c.ops}")
     premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
@@ -193,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         ("tensor cores not where triton_backend.TRITON_TENSOR_CORES says", premise),
         ("distance-table products without tensor-core instructions", products),
         ("distance-table products without 16-byte stores", scalar_stores),
+        ("distance-table products with TMA stores asked for and none compiled", no_tma),
+        ("distance-table products of a row loop without one loop", no_loop),
     )
     for title, problems in checks:
         if problems:
@@ -201,13 +218,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _product_sweep() -> list:
-    """The product kernel's shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than its own."""
+    """The product kernel's shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than its own, as
+    (tiles, row loop)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from gpu_suite import PRODUCT_SWEEP_TILES
+    from gpu_suite import PRODUCT_ROW_SWEEP_TILES, PRODUCT_SWEEP_TILES
 
     from debertakit.attention.triton_aot import Tiles
 
-    return [t for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
+    blocks = [(t, False) for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
+    rows = [(t, True) for t in map(Tiles.parse, PRODUCT_ROW_SWEEP_TILES) if t != PRODUCT_ROW_TILES]
+    return blocks + rows
 
 
 if __name__ == "__main__":

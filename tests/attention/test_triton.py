@@ -1205,12 +1205,17 @@ def _band_product_inputs(case: dict, dtype: torch.dtype):
 @pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(PRODUCT_GRID))
-def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dtype):
+@pytest.mark.parametrize("stores", triton_backend.PRODUCT_STORES_MODES)
+@pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
+def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dtype, stores, programs):
     """`triton_products` against the batched matmul it replaces (``DISTANCE_PRODUCT`` "cublas": on the CPU the
     float32 product, rounded once): the same table, element for element, with the same zeros after it and, with
     bands, before it; q read through its strides, the table rows through the cells, the padding rows as zeros.
     The kernel ran (its launch recorded) for 16-bit operands of one dtype only: float32 ones, and a table of
-    another dtype, take the matmul."""
+    another dtype, take the matmul. Both ways of storing the inner blocks (`PRODUCT_STORES`; with "tma" the
+    launch carries the descriptor: every case's rows are a multiple of 8) and both kinds of programs
+    (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop over its columns) write the same
+    table."""
     from debertakit.attention.triton_access import record_run
 
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], dtype)
@@ -1219,9 +1224,15 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cublas")
     want = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "triton")
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
     with record_run("triton_products.py") as (_, launches):
         got = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, slack)
     assert list(launches) == ([] if dtype == torch.float32 else ["_distance_product_kernel"])
+    for args, kwargs in launches.values():
+        assert kwargs["TMA"] == (stores == "tma")
+        assert (args[4] is None) == (stores != "tma")  # OUT_DESC
+        assert kwargs["ROW_LOOP"] == (programs == "rows")
     # with bands the zeros before the table end where it starts, LEAD_ALIGN-aligned: its pointer is 16-byte
     # aligned, as the kernels' vector loads and stores need (`_product_buffer`)
     lead = (
@@ -1242,12 +1253,63 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
     assert launches == {}
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
+def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monkeypatch, programs):
+    """With `PRODUCT_STORES` "tma" the inner blocks go through the descriptor and nothing else does: with the
+    descriptor pointed at another buffer, exactly the cells of inner blocks (no cell outside 0 … R, per row of
+    residue s the blocks from cell 64·j - s) stay NaN in the table (the poison) and land in that buffer, at the
+    same places; the first and last block of each row are written by the pointers. A table whose rows are not a
+    multiple of 8 is stored by the pointers alone."""
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "tma")
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+    full = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+    H, (_, width), rows = heads.shape[0], cells.shape, B * triton_backend._padded_rows(n)
+    elsewhere = torch.zeros(H, rows, width, dtype=torch.bfloat16)
+    real = triton_backend._residue_descriptor
+    monkeypatch.setattr(triton_backend, "_residue_descriptor", lambda out, *a: real(elsewhere, *a))
+    split = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+
+    R, block = width - 1, triton_backend.PRODUCT_TILES.block_n
+    inner = torch.zeros(rows, width, dtype=torch.bool)
+    for m in range(rows):
+        s = m % 8
+        for j in range(triton_backend.triton_cdiv(R + 8, block)):
+            first = j * block - s
+            if first >= 0 and first + block - 1 <= R:
+                inner[m, first : first + block] = True
+    assert 0 < inner.sum() < inner.numel()
+    table_cells = split[: H * rows * width].view(H, rows, width)
+    assert torch.equal(torch.isnan(table_cells), inner.expand(H, -1, -1))
+    full_cells = full[: H * rows * width].view(H, rows, width)
+    assert torch.equal(elsewhere[:, inner], full_cells[:, inner])
+    assert torch.equal(table_cells[:, ~inner], full_cells[:, ~inner])
+    assert not elsewhere[:, ~inner].any()
+    assert not triton_backend._tma_stores(heads, rows - 4, 8)  # rows not a multiple of 8: the pointers
+
+
 def test_distance_product_mode_is_checked(monkeypatch):
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.float32)
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cuBLAS")
     with pytest.raises(
         ValueError, match=r"DISTANCE_PRODUCT must be one of \('triton', 'cublas'\), got 'cuBLAS'"
     ):
+        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+
+
+def test_product_stores_mode_is_checked(monkeypatch):
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "TMA")
+    with pytest.raises(ValueError, match=r"PRODUCT_STORES must be one of \('pointers', 'tma'\), got 'TMA'"):
+        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+
+
+def test_product_programs_mode_is_checked(monkeypatch):
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "row")
+    with pytest.raises(ValueError, match=r"PRODUCT_PROGRAMS must be one of \('blocks', 'rows'\), got 'row'"):
         triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
 
@@ -1837,6 +1899,44 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [512, 2048])
+def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
+    """The product kernel's variants at v3's size (as above, bfloat16), `PRODUCT_STORES` × `PRODUCT_PROGRAMS`:
+    the tables of the default (pointers, a block a program) bit for bit, no cell left unwritten; with "tma" on a
+    GPU with the tensor-memory unit the inner blocks are stored through the descriptor (``cp.async.bulk.tensor``
+    in the launch's PTX), elsewhere the pointers serve."""
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
+    q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, torch.bfloat16, "cuda"))
+    sat = c.rel.saturation
+    lo, hi, lut = triton_backend._lut(c.rel, sat, pos_k.shape[1], "cuda")
+    tiles = [triton_backend.tiles_for(torch.device("cuda"), 64, name) for name in triton_backend.KERNEL_NAMES]
+    layout = triton_backend._distance_layout(sat, n, n, tiles, n > sat, 64, c.batch)
+    cells = triton_backend._distance_cells(lut, sat, *layout)
+    tables, compiled = {}, _record_compiled(monkeypatch)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    variants = list(
+        itertools.product(triton_backend.PRODUCT_STORES_MODES, triton_backend.PRODUCT_PROGRAMS_MODES)
+    )
+    for stores, programs in variants:
+        monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
+        monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+        before = len(compiled)
+        tables[stores, programs] = triton_backend._distance_tables(
+            triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
+            0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
+        )  # fmt: skip
+        assert len(compiled) == before + 2  # ROW and COL
+        tma = ["cp.async.bulk.tensor" in kernel.asm["ptx"] for kernel in compiled[before:]]
+        assert tma == [stores == "tma" and hopper] * 2
+    default = tables["pointers", "blocks"]
+    for variant in variants[1:]:
+        for got, want in zip(tables[variant], default):
+            assert not got.isnan().any(), variant
+            assert torch.equal(got, want), variant
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", list(GPU_GRID))
 def test_matches_eager_gpu(name, dtype):
@@ -2111,6 +2211,19 @@ def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monke
     assert "fwd_ms" in result["rows"][0]
     assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
     assert triton_backend.PRODUCT_TILES == default and not triton_backend.TILE_OVERRIDES  # restored
+    # with --product-programs rows the shape goes to the row loop's tiles (the programs set for the whole run)
+    seen.clear()
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "blocks")  # restored after the test
+    rows_default = triton_backend.PRODUCT_ROW_TILES
+    monkeypatch.setattr(
+        triton_backend,
+        "_kernel_band_product",
+        lambda *a: seen.append(triton_backend.PRODUCT_ROW_TILES) or real(*a),
+    )
+    assert bench.main([*args, "--product-programs", "rows"]) == 0
+    assert json.loads(out.read_text())["environment"]["product_programs"] == "rows"
+    assert seen and set(seen) == {Tiles(32, 128, 4, 1)}
+    assert triton_backend.PRODUCT_ROW_TILES == rows_default
     bad = [*args[:-1], "tables"]
     with pytest.raises(SystemExit, match="its tables are the distance road's, not 'tables'"):
         bench.main(bad)
