@@ -45,7 +45,8 @@ programs, and the same ncu run put the top stall on waiting for global loads (lo
 issued instruction, 48% of issue slots busy). With ``ROW_LOOP`` a program takes a row block and runs over its
 column blocks: its rows of q / k and their indices are computed and loaded once, and at two or more stages
 the next block's cells and table rows load while this one is multiplied and stored (compiled for sm_90 the
-loop's body is about 330 instructions a block at 64×64, against 672 for a whole one-block program).
+loop's body is 368 instructions a block at 64×64 with three stages, 328 with two, against 672 for a whole
+one-block program; d 64, bf16, Triton 3.9).
 """
 
 from __future__ import annotations

@@ -1272,7 +1272,8 @@ def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monke
     monkeypatch.setattr(triton_backend, "_residue_descriptor", lambda out, *a: real(elsewhere, *a))
     split = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
-    R, block = width - 1, triton_backend.PRODUCT_TILES.block_n
+    tiles = triton_backend.PRODUCT_ROW_TILES if programs == "rows" else triton_backend.PRODUCT_TILES
+    R, block = width - 1, tiles.block_n
     inner = torch.zeros(rows, width, dtype=torch.bool)
     for m in range(rows):
         s = m % 8
