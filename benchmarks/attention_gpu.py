@@ -635,13 +635,15 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
 
 
 def profile_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The `triton` rows of ``attention`` (each near-band road, and the kernels without position terms) with
+    """The `triton` rows of ``attention`` (each near-band road, the product kernel's variants, and the kernels
+    without position terms) with
     their GPU time split by kernel: how much is the fused kernels and how much the work around them (the N×R
     tables, FAR, copies)."""
 
     def measure(n: int) -> list[dict]:
         # the plain row: the kernels' loop alone, without the work around it
-        only = (*road_rows(), CUBLAS_TABLES_ROW, PLAIN_ROW)
+        # and the product kernel's variants: its GPU time in each, beside the default's
+        only = (*road_rows(), CUBLAS_TABLES_ROW, PRODUCT_TMA_ROW, PRODUCT_ROWS_ROW, PLAIN_ROW)
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)
         return [{**r, "section": "profile"} for r in rows]
 

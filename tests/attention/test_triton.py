@@ -2538,8 +2538,8 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
-    """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, and the
-    kernels without position terms, with its time split by kernel (summing to the row's time); ``--impls``
+    """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables and with
+    the product kernel's two variants, and the kernels without position terms, with its time split by kernel (summing to the row's time); ``--impls``
     keeps only the named rows of ``attention``."""
     import json
 
@@ -2557,6 +2557,8 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton skew-forward",
         "triton skew",
         "triton (cuBLAS tables)",
+        "triton (product TMA stores)",
+        "triton (product row loop)",
         "triton (no position terms)",
     ]
     for r in profiled:
