@@ -1300,6 +1300,32 @@ def test_distance_product_mode_is_checked(monkeypatch):
         triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernels in the interpreter")
+@pytest.mark.parametrize("name", ["n70_saturating", "packed"])
+def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name):
+    """A bfloat16 call on the distance road (its tables from the product kernel, forward and backward) with
+    both variants on (`PRODUCT_PROGRAMS` "rows", `PRODUCT_STORES` "tma", the descriptor passed) gives the
+    default's output and gradients bit for bit."""
+    from debertakit.attention.triton_access import record_run
+
+    _near_band(monkeypatch, "distance")
+    c = GRID[name]
+    results = []
+    for programs, stores in (("blocks", "pointers"), ("rows", "tma")):
+        monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+        monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
+        with record_run("triton_products.py") as (_, launches):
+            results.append(
+                _run(triton_attention, c, _inputs(c, torch.bfloat16, DEVICE), _geometry(c, DEVICE))
+            )
+        args, kwargs = launches["_distance_product_kernel"]  # the last launch: COL's table in the backward
+        assert kwargs["ROW_LOOP"] == (programs == "rows") and (args[4] is not None) == (stores == "tma")
+    (out, grads), (out_v, grads_v) = results
+    assert torch.equal(out, out_v)
+    for g, g_v in zip(grads, grads_v):
+        assert torch.equal(g, g_v)
+
+
 def test_product_stores_mode_is_checked(monkeypatch):
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
     monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "TMA")
