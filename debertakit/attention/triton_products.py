@@ -139,8 +139,11 @@ def _block(
     out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + tl.arange(0, BLOCK_N)[None, :]
     rows_in = (m < M)[:, None]
     inner = (first >= 0) & (first + BLOCK_N - 1 <= R)  # no cell outside the row: a mask constant along it
-    if inner and TMA:  # one box of rows of residue s (the descriptor's row count stops those past M)
-        OUT_DESC.store([hb, s, group // VEC, pid_n * BLOCK_N], acc.reshape(1, 1, BLOCK_M, BLOCK_N))
+    if TMA:  # decided at compile time: without it the kernel has no descriptor to name
+        if inner:  # one box of rows of residue s (the descriptor's row count stops those past M)
+            OUT_DESC.store([hb, s, group // VEC, pid_n * BLOCK_N], acc.reshape(1, 1, BLOCK_M, BLOCK_N))
+        else:
+            tl.store(out, acc, mask=rows_in & in_row[None, :])
     elif inner:  # 16-byte stores
         tl.store(out, acc, mask=rows_in)
     else:
