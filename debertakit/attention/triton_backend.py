@@ -517,7 +517,6 @@ def _tma_stores(heads: Tensor, m: int, vec: int) -> bool:
     """Whether the product kernel stores its inner blocks through a tensor descriptor (`PRODUCT_STORES`): on a
     GPU with the tensor-memory unit (compute capability 9 and later) or in the interpreter, where Triton has
     descriptors, with M a multiple of the elements in 16 bytes (the descriptor's strides and rows)."""
-    _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
     if PRODUCT_STORES != "tma" or m % vec or _TensorDescriptor() is None:
         return False
     dev = heads.device
@@ -578,6 +577,7 @@ def _kernel_band_product(
     heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
     cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
     _check_mode("PRODUCT_PROGRAMS", PRODUCT_PROGRAMS, PRODUCT_PROGRAMS_MODES)
+    _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
     row_loop = PRODUCT_PROGRAMS == "rows"
     t = PRODUCT_ROW_TILES if row_loop else PRODUCT_TILES
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
