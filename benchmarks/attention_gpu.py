@@ -43,7 +43,9 @@ Sections (all bfloat16 on one CUDA device):
    against Hugging Face's ``DebertaV2Model``; peak memory. Dropout 0, and a second training step
    (``train_step dropout``) with the released models' hidden and attention dropout (``--dropout``). Then
    ``forward batch 1``: one sequence of ``--latency-length`` (128) tokens, the latency of serving one request
-   (reranking, NER), where the host's work per layer, not the GPU's, sets the time.
+   (reranking, NER), where the host's work per layer, not the GPU's, sets the time; for our model also
+   ``forward batch 1, CUDA graph``: the same forward replayed as a CUDA graph (`debertakit.inference.graphs`,
+   its capture in the warm-up call), which takes the host out of the time.
    ``long``: batch 1 at N = 16384, 32768, 65536 (the ``triton`` rows, the plain one, and the sdpa ceiling): it
    must run, and its peak memory per token is reported relative to the shortest length (about 1 when memory is
    linear in N).
@@ -939,6 +941,28 @@ def _step_fns(model, device, dtype, kwargs):
     return forward, train_step
 
 
+# the model section's batch-1 forward replayed as a CUDA graph (`debertakit.inference.graphs`)
+GRAPHS_MODE = "forward batch 1, CUDA graph"
+
+
+def _graphed_forward(model, device: str, dtype, length: int, smoke: bool) -> Callable[[], None]:
+    """One sequence of ``length`` tokens through `CudaGraphModel` (its bucket of ``length`` tokens captured at the
+    first call, the benchmark's warm-up); with ``smoke`` (the CPU) its padded bucket without a graph."""
+    import torch
+
+    from debertakit.inference.graphs import CudaGraphModel
+
+    graphs = CudaGraphModel(model, lengths=(length,), batch_sizes=(1,), replay=not smoke)
+    ids = torch.randint(5, 100 if smoke else 1000, (1, length), device=device)
+
+    def forward():
+        model.eval()  # the training step before it left the model training
+        with torch.autocast(device, dtype=dtype):
+            graphs(ids)
+
+    return forward
+
+
 def model_section(args, device: str, dtype) -> Iterator[Unit]:
     import torch
 
@@ -955,6 +979,9 @@ def model_section(args, device: str, dtype) -> Iterator[Unit]:
         if dropout == 0:
             modes = [("forward", forward, batch, n), ("train_step", train_step, batch, n)]
             modes.append(("forward batch 1", steps(model, 1, args.latency_length)[0], 1, args.latency_length))
+            if name.startswith("ours/"):
+                graphed = _graphed_forward(model, device, dtype, args.latency_length, args.smoke)
+                modes.append((GRAPHS_MODE, graphed, 1, args.latency_length))
         else:  # released models train with dropout 0.1 on hidden states and probabilities
             modes = [("train_step dropout", train_step, batch, n)]
         rows = []
@@ -1249,7 +1276,7 @@ def print_table(rows: list[dict]) -> None:
         for r in other:
             layout = r.get("layout", f"N={r.get('n')}")
             val = r.get("tokens_per_s", r.get("error"))
-            print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:18s} {val!s:>12s} "
+            print(f"{r['section']:8s} {r['impl']:20s} {layout:10s} {r['mode']:27s} {val!s:>12s} "
                   f"{r.get('ms', '')!s:>10s} ms  peak {r.get('peak_gib', '')} GiB")  # fmt: skip
 
 

@@ -234,6 +234,9 @@ class Predictor:
         tokenizer: tokenizer directory (default: the model directory).
         device: "auto", "cpu", "cuda", ...
         batch_size: rows per forward pass.
+        cuda_graphs: replay the forward as CUDA graphs, one per bucket of batch sizes and lengths
+            (`debertakit.inference.graphs.CudaGraphModel`): for small batches, whose time the host sets. Needs
+            a CUDA device.
     """
 
     def __init__(
@@ -244,6 +247,7 @@ class Predictor:
         tokenizer: str | Path | None = None,
         device: str = "auto",
         batch_size: int = 64,
+        cuda_graphs: bool = False,
     ):
         from debertakit.convert.checkpoint import load_pretrained
         from debertakit.tokenization import load_tokenizer
@@ -258,6 +262,12 @@ class Predictor:
         self.info = info
         self.device = pick_device(device)
         self.model = load_pretrained(model, HEADS[info.kind]).to(self.device).eval()
+        if cuda_graphs:
+            from debertakit.inference.graphs import CudaGraphModel
+
+            if self.device.type != "cuda":
+                raise ValueError(f"cuda_graphs=True needs a CUDA device; the model runs on {self.device}")
+            self.model = CudaGraphModel(self.model)
         if info.labels is None and self.model.cfg.label_names:
             info.labels = list(self.model.cfg.label_names)
         self.tokenizer = load_tokenizer(tokenizer or model)
@@ -412,6 +422,7 @@ def predict(
     device: str = "auto",
     skip_bad: bool = False,
     progress: bool = True,
+    cuda_graphs: bool = False,
 ) -> None:
     """Predict labels and probabilities, scores, answer spans or entities for a file, in batches.
 
@@ -425,8 +436,11 @@ def predict(
         device: "auto", "cpu", "cuda", ...
         skip_bad: skip malformed rows of the input (counted) instead of stopping.
         progress: show a progress bar.
+        cuda_graphs: replay the forward as CUDA graphs (see `Predictor`; a CUDA device only).
     """
-    predictor = Predictor(model, task=task, tokenizer=tokenizer, device=device, batch_size=batch_size)
+    predictor = Predictor(
+        model, task=task, tokenizer=tokenizer, device=device, batch_size=batch_size, cuda_graphs=cuda_graphs
+    )
     data = get_task(predictor.info.task).read(input, skip_bad=skip_bad)
     records = _with_ids(predictor.predict(data.examples, progress=progress), data.examples)
     write_predictions(out, records)

@@ -102,6 +102,25 @@ def test_classify_pipeline(sst2_model, shared_data_dir):
         debertakit.pipeline("summarise", model=sst2_model)
 
 
+def test_predictions_through_bucketed_padding_are_the_same(sst2_model, shared_data_dir):
+    """`run_model` on `CudaGraphModel`'s padded buckets (without graphs on the CPU: the same padding, copying and
+    cutting) gives the model's own predictions; `cuda_graphs=True` needs a CUDA device."""
+    from debertakit.inference.graphs import DEFAULT_LENGTHS, CudaGraphModel
+
+    examples = read_task("sst2", shared_data_dir / "glue/SST-2/dev.tsv").examples[:40]
+    plain = Predictor(sst2_model, batch_size=16)
+    bucketed = Predictor(sst2_model, batch_size=16)
+    bucketed.model = CudaGraphModel(bucketed.model, replay=False)
+    want, got = plain.predict(examples), bucketed.predict(examples)
+    assert [p["label"] for p in got] == [p["label"] for p in want]
+    for a, b in zip(got, want):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+    shapes = [key[0] for key in bucketed.model.buckets]  # rows 16, 16 and 8, sorted by length
+    assert {b for b, _ in shapes} == {16, 8} and {n for _, n in shapes} <= set(DEFAULT_LENGTHS)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device; the model runs on cpu"):
+        Predictor(sst2_model, device="cpu", cuda_graphs=True)
+
+
 def test_extract_and_answer_pipelines(shared_data_dir, task_tokenizer_dir, tmp_path):
     ner_dir = _train(
         shared_data_dir,

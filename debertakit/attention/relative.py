@@ -110,7 +110,7 @@ class RelativeIndex:
         `Geometry` (`Geometry.cached`). Under ``torch.compile`` it is always built (part of the graph), and so
         while a CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is
         handed out again once the graph is freed, so it must not outlive the graph in this cache."""
-        if torch.compiler.is_compiling() or _capturing_cuda_graph():
+        if torch.compiler.is_compiling() or capturing_cuda_graph():
             return build()
         if key in self._derived:
             self._derived.move_to_end(key)
@@ -143,7 +143,9 @@ class RelativeIndex:
         return _relative_index(self.span, self.bucket_size, self.max_position, lo)
 
 
-def _capturing_cuda_graph() -> bool:
+def capturing_cuda_graph() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (`torch.cuda.graph`): no reading the GPU
+    from the host then (``.item()`` is an error), and what is allocated belongs to the graph's memory pool."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 

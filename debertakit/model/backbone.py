@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from debertakit.attention import Geometry, RelativeIndex
 from debertakit.attention.geometry import packed_geometry, validate_cu_seqlens
+from debertakit.attention.relative import capturing_cuda_graph
 from debertakit.config import DebertaConfig
 from debertakit.model.layers import ConvBranch, Embeddings, Layer, inference_cache_ok, tensor_state
 from debertakit.model.outputs import BackboneOutput
@@ -212,7 +213,9 @@ def check_inputs(
     token_type_ids: Tensor | None,
     position_ids: Tensor | None,
 ) -> tuple[tuple[int, int], torch.device]:
-    """Raise a ValueError naming the bad value before any heavy work runs."""
+    """Raise a ValueError naming the bad value before any heavy work runs. The value ranges (token ids, ...)
+    are read on the host, which waits for the GPU: not under ``torch.compile``, nor while a CUDA graph is
+    captured (`debertakit.inference.graphs` checks its callers' inputs before copying them into the graph's)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids (B, N) and inputs_embeds (B, N, E)")
     if input_ids is not None:
@@ -231,12 +234,13 @@ def check_inputs(
         raise ValueError(
             f"empty batch: inputs have shape {shape}; expected at least one sequence of one token"
         )
-    if input_ids is not None and not torch.compiler.is_compiling():
+    read_values = not (torch.compiler.is_compiling() or capturing_cuda_graph())
+    if input_ids is not None and read_values:
         _check_range("token id", input_ids, 0, cfg.vocab_size, "vocab_size")
     if token_type_ids is not None:
         if tuple(token_type_ids.shape) != shape:
             raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {shape}")
-        if cfg.type_vocab_size > 0 and not torch.compiler.is_compiling():
+        if cfg.type_vocab_size > 0 and read_values:
             _check_range("token type id", token_type_ids, 0, cfg.type_vocab_size, "type_vocab_size")
     if position_ids is not None:
         if (
@@ -247,7 +251,7 @@ def check_inputs(
             raise ValueError(
                 f"position_ids has shape {tuple(position_ids.shape)}; expected {shape} or (1, {shape[1]})"
             )
-        if cfg.position_biased_input and not torch.compiler.is_compiling():
+        if cfg.position_biased_input and read_values:
             _check_range(
                 "position id", position_ids, 0, cfg.max_position_embeddings, "max_position_embeddings"
             )

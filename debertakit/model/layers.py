@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from debertakit.attention import Geometry, PositionTerms, RelativeIndex, Request, get_backend, scale_for
 from debertakit.attention.dropout import Dropout, dropout
 from debertakit.attention.registry import device_capability
+from debertakit.attention.relative import capturing_cuda_graph
 from debertakit.config import DebertaConfig
 
 _ACTIVATIONS = {
@@ -65,12 +66,16 @@ class Embeddings(nn.Module):
 def inference_cache_ok(module: nn.Module) -> bool:
     """Whether input-independent results (the relative table and its projections) may be reused across
     forward passes: evaluation without gradients, outside tracing (export and compiled graphs must compute
-    them from the weights)."""
+    them from the weights) and outside a CUDA graph's capture (a tensor made there lives in the graph's memory
+    pool, which other graphs' replays write: kept in a cache past the capture, a later forward would read it
+    overwritten; and a cached tensor read by the graph must stay alive as long as the graph, which a cache that
+    keeps one entry does not promise: `debertakit.inference.graphs`)."""
     return (
         not module.training
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
+        and not capturing_cuda_graph()
     )
 
 

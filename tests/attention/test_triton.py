@@ -2624,6 +2624,25 @@ def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_
     assert "host time by operator" in capsys.readouterr().out
 
 
+def test_gpu_benchmark_model_section_times_our_batch_1_forward_as_a_cuda_graph_too(tmp_path, monkeypatch):
+    """``--sections model``: our model's rows add the batch-1 forward through `CudaGraphModel` (on the CPU its
+    padded bucket without a graph), Hugging Face's do not."""
+    import json
+
+    bench = _benchmark_module()
+    every = bench._models
+    monkeypatch.setattr(
+        bench, "_models", lambda *a, **k: [m for m in every(*a, **k) if m[0] in ("ours/eager", "hf eager")]
+    )
+    out = tmp_path / "model.json"
+    assert bench.main(["--smoke", "--sections", "model", "--out", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["dropout"] == 0]
+    modes = {(r["impl"], r["mode"]) for r in rows}
+    assert ("ours/eager", bench.GRAPHS_MODE) in modes and ("hf eager", bench.GRAPHS_MODE) not in modes
+    graphed = next(r for r in rows if r["mode"] == bench.GRAPHS_MODE)
+    assert graphed["batch"] == 1 and graphed["tokens_per_s"] > 0
+
+
 @pytest.mark.gpu
 def test_gpu_benchmark_counts_the_syncs_of_a_call():
     """The latency section's sync count: a call that reads a GPU value on the host syncs once per read, one that
