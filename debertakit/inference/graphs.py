@@ -25,6 +25,7 @@ bucket or larger batches run the model's own forward.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import fields, replace
 from typing import Any
@@ -152,12 +153,14 @@ class CudaGraphModel(nn.Module):
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             )
         shape = (b_bucket, *lead[1:], n_bucket)
-        entry = self._bucket(shape, token_type_ids is not None)
-        entry.load(self.cfg.pad_token_id, input_ids, attention_mask, token_type_ids)
-        if entry.graph is None:
-            entry.output = self.model(**entry.inputs)
-        else:
-            entry.graph.replay()
+        # the model's GPU as the current device: its streams, the capture and the replays
+        with torch.cuda.device(self.device) if self.replay else contextlib.nullcontext():
+            entry = self._bucket(shape, token_type_ids is not None)
+            entry.load(self.cfg.pad_token_id, input_ids, attention_mask, token_type_ids)
+            if entry.graph is None:
+                entry.output = self.model(**entry.inputs)
+            else:
+                entry.graph.replay()
         return _cut(entry.output, b * math.prod(lead[1:]), b, n, b_bucket)
 
     def _check(self, input_ids: Tensor, mask: Tensor | None, types: Tensor | None) -> None:

@@ -2595,17 +2595,23 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
     assert "kernel time per call" in capsys.readouterr().out
 
 
+def _benchmark_with_two_models(monkeypatch):
+    """The GPU benchmark with two of its models, ours on `eager` and Hugging Face's (the interpreted triton
+    model takes half a minute here; the machinery is the same)."""
+    bench = _benchmark_module()
+    every = bench._models
+    monkeypatch.setattr(
+        bench, "_models", lambda *a, **k: [m for m in every(*a, **k) if m[0] in ("ours/eager", "hf eager")]
+    )
+    return bench
+
+
 def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_path, monkeypatch, capsys):
     """``--sections latency``: each model's batch-1 forward under torch.profiler, its host time per call summed
     over the operators and the operators of most host time (on CPU no GPU columns)."""
     import json
 
-    bench = _benchmark_module()
-    every = bench._models
-    # two of the models (the interpreted triton one takes half a minute here; the machinery is the same)
-    monkeypatch.setattr(
-        bench, "_models", lambda *a, **k: [m for m in every(*a, **k) if m[0] in ("ours/eager", "hf eager")]
-    )
+    bench = _benchmark_with_two_models(monkeypatch)
     out = tmp_path / "latency.json"
     assert bench.main(["--smoke", "--sections", "latency", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
@@ -2629,11 +2635,7 @@ def test_gpu_benchmark_model_section_times_our_batch_1_forward_as_a_cuda_graph_t
     padded bucket without a graph), Hugging Face's do not."""
     import json
 
-    bench = _benchmark_module()
-    every = bench._models
-    monkeypatch.setattr(
-        bench, "_models", lambda *a, **k: [m for m in every(*a, **k) if m[0] in ("ours/eager", "hf eager")]
-    )
+    bench = _benchmark_with_two_models(monkeypatch)
     out = tmp_path / "model.json"
     assert bench.main(["--smoke", "--sections", "model", "--out", str(out)]) == 0
     rows = [r for r in json.loads(out.read_text())["rows"] if r["dropout"] == 0]
