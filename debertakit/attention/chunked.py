@@ -332,15 +332,22 @@ class _Context:
         ]
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
+    def far_row(self, delta: int) -> slice:
+        """The table row of the saturated distance ``delta`` (clamped into the projected window, as `rows`), as a
+        slice of one: looked up on the host (`RelativeIndex.row`); an index tensor made on the GPU was a copy from
+        host memory in every call: a wait for the GPU, and an error inside a CUDA graph's capture."""
+        row = min(max(self.rel.row(delta), 0), self.R - 1)
+        return slice(row, row + 1)
+
     def _far(self, i0: int, i1: int, j0: int, j1: int, delta: int) -> Tensor:
         """Saturated pairs: row term + column term, (B, H, bq, nk)."""
-        row = self.rows(torch.tensor([delta], device=self.q.device))
+        row = self.far_row(delta)
         out = torch.zeros((), device=self.q.device)
         if self.c2p_rows is not None:
             c = self.c2p_rows if self.c2p_rows.shape[2] == 1 else self.c2p_rows[:, :, i0:i1]
-            out = out + c.index_select(-1, row)  # (B|1, H, bq|1, 1)
+            out = out + c[..., row]  # (B|1, H, bq|1, 1)
         if self.p2c_rows is not None:
-            out = out + self.p2c_rows[:, :, j0:j1].index_select(-1, row).transpose(-1, -2)  # (B, H, 1, nk)
+            out = out + self.p2c_rows[:, :, j0:j1, row].transpose(-1, -2)  # (B, H, 1, nk)
         return out.expand(self.B, self.H, i1 - i0, j1 - j0)
 
     def far_terms(self, delta: int, side: str) -> Tensor | None:
@@ -349,9 +356,8 @@ class _Context:
         rows = self.c2p_rows if side == "q" else self.p2c_rows
         if rows is None:
             return None
-        t = rows.index_select(-1, self.rows(torch.tensor([delta], device=rows.device)))
         n = self.Nq if side == "q" else self.Nk
-        return t.expand(self.B, self.H, n, 1)
+        return rows[..., self.far_row(delta)].expand(self.B, self.H, n, 1)
 
     def band_index(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
         """(bq, W) int64 table rows of queries [i0, i1) against keys [jb0, jb1); it depends only on i0 - jb0 and

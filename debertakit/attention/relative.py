@@ -67,6 +67,7 @@ class RelativeIndex:
     saturation: int = field(init=False, compare=False)
     _device_luts: dict = field(init=False, repr=False, compare=False, default_factory=dict)
     _derived: OrderedDict = field(init=False, repr=False, compare=False, default_factory=OrderedDict)
+    _rows: tuple[int, ...] = field(init=False, repr=False, compare=False)  # `lut` as Python ints (`row`)
 
     def __post_init__(self) -> None:
         far = 4 * max(self.span, self.max_position, 1) + 8
@@ -80,6 +81,7 @@ class RelativeIndex:
         sat = max(d_right, d_left, 1)
         object.__setattr__(self, "saturation", sat)
         object.__setattr__(self, "lut", idx[far - sat : far + sat + 1] - self.offset)
+        object.__setattr__(self, "_rows", tuple(self.lut.tolist()))
 
     @classmethod
     def from_config(cls, cfg) -> RelativeIndex:
@@ -124,6 +126,11 @@ class RelativeIndex:
         """Row (int64, relative to ``offset``) for every distance in ``delta`` (any shape, any integer dtype)."""
         lut = self.lut_on(delta.device)
         return lut[torch.clamp(delta, -self.saturation, self.saturation).long() + self.saturation]
+
+    def row(self, delta: int) -> int:
+        """`index` of one distance given as a Python int, on the host: no tensor, so nothing to copy to a device
+        (which would wait for the GPU, and is an error inside a CUDA graph's capture) and a constant when traced."""
+        return self._rows[min(max(delta, -self.saturation), self.saturation) + self.saturation]
 
     def window(self, max_distance: int) -> tuple[int, int]:
         """Rows ``[lo, hi)`` of the full table used by distances in ``[-max_distance, max_distance]``.

@@ -19,14 +19,17 @@ allocates belongs to the graph: `debertakit.model.layers.inference_cache_ok`). A
 What a graph holds fixed: the shapes of its bucket, the dtype under autocast (part of the bucket's key; under
 autocast the graph casts the weights at every replay: a model converted to bfloat16 or float16 is faster), the
 parameters' memory (weights changed in place, ``load_state_dict`` say, are read by later replays; parameters
-replaced by new tensors, ``model.to(...)`` say, are not: build a new wrapper). Inputs longer than the longest
-bucket or larger batches run the model's own forward.
+replaced by new tensors, ``model.to(...)`` say, are not, and the wrapper refuses to serve: wrap the model again),
+and the objects the graph reads besides them (the relative index's lookup table on the GPU, which the model
+keeps: `debertakit.model.backbone.Encoder.relative_table`). Inputs longer than the longest bucket, larger
+batches, and buckets whose outputs are too large to keep (``max_output_bytes``) run the model's own forward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from dataclasses import fields, replace
 from typing import Any
 
@@ -34,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from debertakit.model.backbone import check_inputs
+from debertakit.model.heads import EnhancedMaskDecoder
 from debertakit.model.outputs import (
     BackboneOutput,
     MaskedLMOutput,
@@ -94,12 +98,17 @@ class CudaGraphModel(nn.Module):
     Called like the model with ``input_ids`` (B, N), or (B, choices, N) for multiple choice, and optionally an
     ``attention_mask`` of the same shape (1 for real tokens; 2-D padding masks only) and ``token_type_ids``;
     returns the model's output type cut to the B rows and N tokens. Wrapping puts ``model`` in evaluation mode
-    (the graphs hold no dropout), and the wrapper runs it under ``torch.no_grad``.
+    (the graphs hold no dropout), and the wrapper runs it under ``torch.no_grad``. Calls from several threads
+    take turns (one bucket's buffers serve every call).
 
     Args:
         model: a debertakit model (`DebertaModel` or a task model) on a CUDA device.
-        lengths: the length buckets, increasing.
+        lengths: the length buckets, increasing. A model with absolute positions (at the input, or in the masked
+            LM's Enhanced Mask Decoder) has them cut at ``max_position_embeddings``, its longest input.
         batch_sizes: the batch buckets, increasing.
+        max_output_bytes: a bucket whose outputs are larger runs the model's own forward instead of a graph: a
+            graph keeps its outputs' memory as long as it lives (a masked LM's logits over the vocabulary at 64
+            rows of 512 tokens are 16.8 GB in float32).
         replay: False runs each bucket's padded forward directly, without a graph: the same inputs and outputs,
             on any device (how the padding is checked on a CPU).
     """
@@ -110,13 +119,15 @@ class CudaGraphModel(nn.Module):
         *,
         lengths: tuple[int, ...] = DEFAULT_LENGTHS,
         batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+        max_output_bytes: int = 2**30,
         replay: bool = True,
     ):
         super().__init__()
         self.model = model
         self.cfg = model.cfg
-        self.lengths = _check_sizes("lengths", lengths)
+        self.lengths = _cap(_check_sizes("lengths", lengths), _longest_input(model))
         self.batch_sizes = _check_sizes("batch_sizes", batch_sizes)
+        self.max_output_bytes = max_output_bytes
         self.device = next(model.parameters()).device
         if replay and self.device.type != "cuda":
             raise ValueError(
@@ -124,9 +135,11 @@ class CudaGraphModel(nn.Module):
                 "same padded buckets without graphs)"
             )
         self.replay = replay
-        self.buckets: dict[tuple, _Bucket] = {}
+        self.buckets: dict[tuple, _Bucket | None] = {}  # None: the bucket runs the model's own forward
         self._pool = torch.cuda.graph_pool_handle() if replay else None
         self._stream = torch.cuda.Stream(self.device) if replay else None
+        self._params = _parameter_memory(model)
+        self._lock = threading.Lock()
         super().train(False)  # the model too: the graphs hold no dropout
 
     def train(self, mode: bool = True) -> CudaGraphModel:
@@ -145,23 +158,28 @@ class CudaGraphModel(nn.Module):
     ) -> Any:
         if self.model.training:
             raise ValueError("the wrapped model is in training mode: call model.eval() before serving it")
+        if _parameter_memory(self.model) != self._params:
+            raise ValueError(
+                "the model's parameters were replaced since the wrapper was made (model.to(...), say): the "
+                "graphs read the old ones; wrap the model again"
+            )
         self._check(input_ids, attention_mask, token_type_ids)
         lead, n = tuple(input_ids.shape[:-1]), input_ids.shape[-1]
         b, n_bucket, b_bucket = lead[0], bucket(n, self.lengths), bucket(lead[0], self.batch_sizes)
-        if n_bucket is None or b_bucket is None:  # beyond the buckets: the model's own forward
-            return self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-        shape = (b_bucket, *lead[1:], n_bucket)
-        # the model's GPU as the current device: its streams, the capture and the replays
-        with torch.cuda.device(self.device) if self.replay else contextlib.nullcontext():
-            entry = self._bucket(shape, token_type_ids is not None)
-            entry.load(self.cfg.pad_token_id, input_ids, attention_mask, token_type_ids)
-            if entry.graph is None:
-                entry.output = self.model(**entry.inputs)
-            else:
-                entry.graph.replay()
-        return _cut(entry.output, b * math.prod(lead[1:]), b, n, b_bucket)
+        shape = None if n_bucket is None or b_bucket is None else (b_bucket, *lead[1:], n_bucket)
+        with self._lock:
+            # the model's GPU as the current device: its streams, the capture and the replays
+            with torch.cuda.device(self.device) if self.replay else contextlib.nullcontext():
+                entry = None if shape is None else self._bucket(shape, token_type_ids is not None)
+                if entry is not None:
+                    entry.load(self.cfg.pad_token_id, input_ids, attention_mask, token_type_ids)
+                    if entry.graph is None:
+                        entry.output = self.model(**entry.inputs)
+                    else:
+                        entry.graph.replay()
+                    return _cut(entry.output, b * math.prod(lead[1:]), b, n, b_bucket)
+        # beyond the buckets, or outputs too large to keep: the model's own forward
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
 
     def _check(self, input_ids: Tensor, mask: Tensor | None, types: Tensor | None) -> None:
         """The model's own input checks, run here on the caller's tensors (the captured forward skips the range
@@ -181,46 +199,84 @@ class CudaGraphModel(nn.Module):
 
         check_inputs(self.cfg, rows(input_ids), None, rows(mask), rows(types), None)
 
-    def _bucket(self, shape: tuple[int, ...], types: bool) -> _Bucket:
+    def _bucket(self, shape: tuple[int, ...], types: bool) -> _Bucket | None:
         """The bucket of input ``shape``, with ``token_type_ids`` if ``types``, under the current autocast
-        setting: made, warmed up and captured at its first use."""
+        setting: made, warmed up and captured at its first use; None where its outputs are too large to keep."""
         amp = torch.is_autocast_enabled(self.device.type) and torch.get_autocast_dtype(self.device.type)
         key = (shape, types, amp)
-        if key in self.buckets:
-            return self.buckets[key]
-        inputs = {
-            "input_ids": torch.full(shape, self.cfg.pad_token_id, dtype=torch.long, device=self.device),
-            "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device),
-        }
-        if types:
-            inputs["token_type_ids"] = torch.zeros(shape, dtype=torch.long, device=self.device)
-        entry = _Bucket(inputs)
-        if self.replay:
-            self._capture(entry)
-        self.buckets[key] = entry
-        return entry
+        if key not in self.buckets:
+            with torch.inference_mode(False):  # buffers that later calls outside inference mode may write
+                inputs = {
+                    "input_ids": torch.full(
+                        shape, self.cfg.pad_token_id, dtype=torch.long, device=self.device
+                    ),
+                    "attention_mask": torch.ones(shape, dtype=torch.long, device=self.device),
+                }
+                if types:
+                    inputs["token_type_ids"] = torch.zeros(shape, dtype=torch.long, device=self.device)
+            entry = _Bucket(inputs)
+            if _nbytes(self._warm_up(entry)) > self.max_output_bytes:
+                entry = None
+            elif self.replay:
+                self._capture(entry)
+            self.buckets[key] = entry
+        return self.buckets[key]
 
-    def _capture(self, entry: _Bucket) -> None:
-        """Warm-up forwards on the side stream, then the capture. Autocast's cache of cast weights is off for
-        both: a graph that read a cached cast would read memory freed when the caller's autocast region ends (the
-        graph casts the weights itself instead, at every replay: a model converted to the 16-bit dtype spares
-        that)."""
+    def _autocast(self) -> torch.autocast:
+        """The caller's autocast setting with autocast's cache of cast weights off: a graph that read a cached
+        cast would read memory freed when the caller's autocast region ends (the graph casts the weights itself
+        instead, at every replay: a model converted to the 16-bit dtype spares that)."""
         kind = self.device.type
-        amp = torch.autocast(
+        return torch.autocast(
             kind,
             dtype=torch.get_autocast_dtype(kind),
             enabled=torch.is_autocast_enabled(kind),
             cache_enabled=False,
         )
+
+    def _warm_up(self, entry: _Bucket) -> Any:
+        """Forwards on the bucket's inputs before its capture (they compile the kernels and fill the caches that
+        live across forwards), on a side stream; without replay, one. Returns the last one's output."""
+        if not self.replay:
+            return self.model(**entry.inputs)
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with amp, torch.cuda.stream(stream):
+        with self._autocast(), torch.cuda.stream(stream):
             for _ in range(WARMUP_FORWARDS):
-                self.model(**entry.inputs)
+                out = self.model(**entry.inputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        return out
+
+    def _capture(self, entry: _Bucket) -> None:
         entry.graph = torch.cuda.CUDAGraph()
-        with amp, torch.cuda.graph(entry.graph, pool=self._pool, stream=stream):
+        with self._autocast(), torch.cuda.graph(entry.graph, pool=self._pool, stream=self._stream):
             entry.output = self.model(**entry.inputs)
+
+
+def _longest_input(model: nn.Module) -> int | None:
+    """``max_position_embeddings`` where the model adds absolute positions (at the input, or in the masked LM's
+    Enhanced Mask Decoder): positions past it have no embedding. None where every position is relative."""
+    absolute = model.cfg.position_biased_input or any(
+        isinstance(m, EnhancedMaskDecoder) for m in model.modules()
+    )
+    return model.cfg.max_position_embeddings if absolute else None
+
+
+def _cap(lengths: tuple[int, ...], longest: int | None) -> tuple[int, ...]:
+    """``lengths`` cut at ``longest``, which becomes the last bucket where a longer one was asked for."""
+    if longest is None or lengths[-1] <= longest:
+        return lengths
+    return (*(n for n in lengths if n < longest), longest)
+
+
+def _parameter_memory(model: nn.Module) -> tuple[int, ...]:
+    """Where the parameters live: what a graph reads (changed by ``model.to(...)``, not by in-place updates)."""
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def _nbytes(out: Any) -> int:
+    """The bytes of an output object's tensors."""
+    return sum(v.numel() * v.element_size() for v in vars(out).values() if isinstance(v, Tensor))
 
 
 def _cut(out: Any, rows: int, batch: int, n: int, batch_bucket: int) -> Any:

@@ -48,6 +48,10 @@ class Encoder(nn.Module):
         self.rel_index = RelativeIndex.from_config(cfg) if cfg.relative_attention else None
         self.gradient_checkpointing = cfg.gradient_checkpointing
         self._table_cache: tuple | None = None  # (key, (table window, index)) at inference
+        # the index of each window start used so far, kept as long as the model: a captured CUDA graph reads the
+        # index's lookup table on the GPU (`RelativeIndex.lut_on`) at every replay, and the process-wide cache
+        # the instances come from evicts its oldest entries (`relative._relative_index`)
+        self._shifted: dict[int, RelativeIndex] = {}
 
     def relative_table(self, max_distance: int) -> tuple[Tensor | None, RelativeIndex | None]:
         """The (normalised) relative table, cut to the rows that distances up to ``max_distance`` use."""
@@ -72,7 +76,9 @@ class Encoder(nn.Module):
             table = self.rel_norm(table[lo:hi])  # LayerNorm is per row: normalising the window is exact
         else:
             table = table[lo:hi]
-        result = table, self.rel_index.shifted(lo)
+        if lo not in self._shifted:
+            self._shifted[lo] = self.rel_index.shifted(lo)
+        result = table, self._shifted[lo]
         self._table_cache = None if key is None else (key, result)
         return result
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from debertakit.attention import RelativeIndex
@@ -61,3 +62,12 @@ def test_derived_inputs_made_while_a_cuda_graph_is_captured_are_not_kept(monkeyp
     for _ in range(2):
         rel.cached("rows", lambda: builds.append(1) or torch.zeros(2))
     assert len(builds) == 3
+
+
+@pytest.mark.parametrize("args", [(256, 256, 512, 0), (256, 256, 512, 37), (512, 0, 0, 0), (8, 4, 8, 3)])
+def test_the_host_row_of_a_distance_is_its_index(args):
+    """`RelativeIndex.row` (Python ints, no tensor: what a backend looks up without a copy to the device) gives
+    `index`'s row for every distance, saturated ones and those past the saturation too."""
+    rel = RelativeIndex(*args)
+    deltas = range(-rel.saturation - 3, rel.saturation + 4)
+    assert [rel.row(d) for d in deltas] == rel.index(torch.tensor(list(deltas))).tolist()

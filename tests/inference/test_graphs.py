@@ -174,6 +174,84 @@ def test_while_capturing_the_forward_reads_nothing_from_the_device_and_fills_no_
     assert all(layer.attention._pos_cache is None for layer in model.deberta.encoder.layers)
 
 
+def test_models_with_absolute_positions_have_no_bucket_past_them():
+    """The masked LM's Enhanced Mask Decoder (and absolute positions at the input) embeds every position of the
+    padded bucket: its lengths stop at ``max_position_embeddings``, which becomes the last bucket."""
+    mlm = tasks.DebertaForMaskedLM(_config(max_position_embeddings=24))
+    graphs = CudaGraphModel(mlm, lengths=(16, 32, 64), batch_sizes=(4,), replay=False)
+    assert graphs.lengths == (16, 24)
+    ids, mask, _ = _inputs((2, 20))
+    with torch.no_grad():
+        want = mlm(input_ids=ids, attention_mask=mask)
+    _assert_same_outputs(graphs(ids, mask), want, atol=1e-5)
+    relative_only = tasks.DebertaForTokenClassification(_config(max_position_embeddings=24))
+    assert CudaGraphModel(relative_only, lengths=(16, 32), replay=False).lengths == (16, 32)
+
+
+def test_buckets_whose_outputs_are_too_large_to_keep_run_the_model_itself():
+    """A masked LM's (B, N, vocabulary) logits above ``max_output_bytes``: no buffers kept for that bucket, the
+    model's own forward instead (same outputs); a small bucket of the same wrapper is kept."""
+    mlm = tasks.DebertaForMaskedLM(_config())
+    graphs = CudaGraphModel(
+        mlm, lengths=(16,), batch_sizes=(1, 4), max_output_bytes=2 * 16 * 300 * 4, replay=False
+    )
+    big, small = torch.randint(5, 300, (3, 16)), torch.randint(5, 300, (1, 16))
+    with torch.no_grad():
+        want_big, want_small = mlm(input_ids=big), mlm(input_ids=small)
+    assert torch.equal(graphs(big).logits, want_big.logits)
+    torch.testing.assert_close(graphs(small).logits, want_small.logits, atol=1e-5, rtol=0)
+    assert graphs.buckets[((4, 16), False, False)] is None
+    assert graphs.buckets[((1, 16), False, False)] is not None
+
+
+def test_a_first_call_under_inference_mode_leaves_buffers_later_calls_can_write():
+    model = tasks.DebertaForSequenceClassification(_config())
+    graphs = CudaGraphModel(model, lengths=(16,), batch_sizes=(4,), replay=False)
+    ids = torch.randint(5, 300, (2, 12))
+    with torch.inference_mode():
+        first = graphs(ids)
+    second = graphs(ids)
+    torch.testing.assert_close(first.logits, second.logits, atol=0, rtol=0)
+
+
+def test_replaced_parameters_are_refused_and_updated_ones_served():
+    """Weights loaded in place (what the graphs read) are served; parameters replaced by new tensors (which the
+    graphs do not read) are refused."""
+    model = tasks.DebertaForSequenceClassification(_config())
+    graphs = CudaGraphModel(model, lengths=(16,), batch_sizes=(4,), replay=False)
+    ids = torch.randint(5, 300, (2, 12))
+    before = graphs(ids).logits
+    other = tasks.DebertaForSequenceClassification(_config())
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(graphs(ids).logits, other.eval()(input_ids=ids).logits, atol=1e-5, rtol=0)
+    assert not torch.allclose(before, graphs(ids).logits)
+    model.double()
+    with pytest.raises(ValueError, match="parameters were replaced"):
+        graphs(ids)
+
+
+def test_the_relative_index_a_graph_reads_lives_as_long_as_the_model():
+    """A captured graph reads the lookup table of the relative index of its input's table window (on the GPU,
+    `RelativeIndex.lut_on`) at every replay, and nothing of the capture's forward keeps the index: the model
+    does (the process-wide cache the indices come from evicts its oldest ones)."""
+    import gc
+    import weakref
+
+    from debertakit.attention import relative
+
+    encoder = tasks.DebertaBase(_config()).deberta.encoder
+    with torch.enable_grad():  # no inference cache, as in a capture
+        _, index = encoder.relative_table(2)
+    assert index.offset > 0  # a window that does not start at row 0: an instance of its own
+    kept = weakref.ref(index)
+    del index
+    relative._relative_index.cache_clear()
+    gc.collect()
+    assert kept() is not None
+    assert encoder.relative_table(2)[1] is kept()
+
+
 # ---------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "eager"])
