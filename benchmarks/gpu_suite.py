@@ -16,8 +16,8 @@ each step's cap and what it decides):
    issue's targets and which road should be the default;
 3. ``profile``: the ``triton`` rows' GPU time per kernel (the fused kernels against the products around
    them; about 20 s, so before the tests since an H100 lease of 2026-11-26);
-4. ``gpu-tests``: ``pytest -m gpu tests/attention`` (`TEST_WORKERS` processes where pytest-xdist imports: the
-   grid at real sizes on every road);
+4. ``gpu-tests``: ``pytest -m gpu tests/attention tests/inference`` (`TEST_WORKERS` processes where
+   pytest-xdist imports: the grid at real sizes on every road; the served model's CUDA graphs);
 5. ``ncu``: `attention_ncu.py`, where the time goes at N = 512 (every tile near) and 2048 (near and far tiles)
    (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
    is the code's correctness on a GPU and where its time goes);
@@ -239,8 +239,9 @@ PLAN = [
     ),
     Step(
         "gpu-tests",
-        "the grid at real sizes on every road, dropout, CUDA graphs, no host syncs, N = 65536",
-        _pytest("-m", "gpu", "tests/attention", xml="gpu_tests.xml"),
+        "the grid at real sizes on every road, dropout, CUDA graphs (the kernels', the served model's), no host "
+        "syncs, N = 65536",
+        _pytest("-m", "gpu", "tests/attention", "tests/inference", xml="gpu_tests.xml"),
         300,
         120,
     ),
