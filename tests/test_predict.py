@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import debertakit
 from debertakit.data.tasks import read_task
@@ -119,6 +120,19 @@ def test_predictions_through_bucketed_padding_are_the_same(sst2_model, shared_da
     assert {b for b, _ in shapes} == {16, 8} and {n for _, n in shapes} <= set(DEFAULT_LENGTHS)
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device; the model runs on cpu"):
         Predictor(sst2_model, device="cpu", cuda_graphs=True)
+
+
+def test_predictions_in_bfloat16_are_near_float32s(sst2_model, shared_data_dir):
+    """``dtype="bfloat16"``: the model's weights and activations in bfloat16; probabilities within 2e-2 of
+    float32's. A dtype that is not one of the three is refused."""
+    examples = read_task("sst2", shared_data_dir / "glue/SST-2/dev.tsv").examples[:40]
+    half = Predictor(sst2_model, batch_size=16, dtype="bfloat16")
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    want, got = Predictor(sst2_model, batch_size=16).predict(examples), half.predict(examples)
+    for a, b in zip(got, want):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=2e-2)
+    with pytest.raises(ValueError, match="dtype='fp8'; expected one of"):
+        Predictor(sst2_model, dtype="fp8")
 
 
 def test_extract_and_answer_pipelines(shared_data_dir, task_tokenizer_dir, tmp_path):
