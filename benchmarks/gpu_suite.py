@@ -352,6 +352,7 @@ def environment() -> dict:
     env.update(
         cpus=os.cpu_count(),
         kernel_source_hash=triton_static.kernel_source_hash(),
+        kernel_sources=triton_static.kernel_sources(),  # per kernel, as the static report keys its rows
         git_commit=_command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         nvidia_smi=_command_output(
             [

@@ -34,14 +34,16 @@ dQ, queries for dK/dV), then fewer warps; marked per kernel, head dim and use: w
 
 Register allocation differs between Triton releases (a tile spill-free under one can spill under another), and
 each PyTorch release pins its own Triton. The report therefore keeps the rows of every Triton version it was run
-with, as long as they were compiled from the current kernel code (a hash of ``triton_kernels.py``'s code, blind
-to its comments and docstrings; rows of older code are dropped), and a tile qualifies only when it is spill-free
-under all of them.
+with, as long as they were compiled from the current code of their kernel (`kernel_sources`: per kernel, a hash of
+the code it is compiled from, blind to comments and docstrings; rows of a kernel whose code changed are dropped,
+the other kernels' kept, so that ``--kernels`` reruns only the kernels an edit touched), and a tile qualifies
+only when it is spill-free under all of them.
 
 Usage::
 
     python benchmarks/triton_static.py                # table + benchmarks/results/triton_static.{json,md}
     python benchmarks/triton_static.py --no-compile   # choose again from the report's rows (no compiling)
+    python benchmarks/triton_static.py --kernels _dq_kernel _dkv_kernel   # after an edit to those kernels' code
     python benchmarks/triton_static.py --head-dims 64 --kernels _fwd_kernel --no-write
 
 To add a Triton version, run it again in an environment with that version: its rows join the others'.
@@ -153,9 +155,42 @@ def code_hash(source: str) -> str:
     return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()[:16]
 
 
+KERNELS_FILE = ROOT / "debertakit" / "attention" / "triton_kernels.py"
+KERNELS = ("_fwd_kernel", "_dq_kernel", "_dkv_kernel")
+
+
 def kernel_source_hash() -> str:
-    """What the rows were compiled from: rows of another kernel code no longer describe the kernels."""
-    return code_hash((ROOT / "debertakit" / "attention" / "triton_kernels.py").read_text())
+    """A hash of the whole kernels module's code (what a GPU run records of the kernels it timed)."""
+    return code_hash(KERNELS_FILE.read_text())
+
+
+def kernel_sources(source: str | None = None) -> dict[str, str]:
+    """Per kernel, a hash of the code it is compiled from: the module's imports and, in the module's order, the
+    top-level functions and constants the kernel names, and those they name, and so on (`code_hash`: blind to
+    docstrings and comments). A row stays valid while its kernel's hash does: an edit to the dQ kernel's own
+    code leaves the forward's rows current, and a rerun with ``--kernels _dq_kernel`` refreshes the rest."""
+    tree = ast.parse(KERNELS_FILE.read_text() if source is None else source)
+    defined: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                defined.update((n.id, node) for n in ast.walk(target) if isinstance(n, ast.Name))
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    out = {}
+    for kernel in KERNELS:
+        used, todo = set(), [kernel]
+        while todo:
+            name = todo.pop()
+            if name in defined and name not in used:
+                used.add(name)
+                todo += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name)]
+        nodes = {id(defined[name]) for name in used}
+        body = imports + [n for n in tree.body if id(n) in nodes]
+        out[kernel] = code_hash(ast.unparse(ast.Module(body=body, type_ignores=[])))
+    return out
 
 
 def load_report() -> dict:
@@ -167,24 +202,32 @@ def load_report() -> dict:
 ROW_FIELDS = ("replication",)
 
 
-def current_rows(report: dict, source: str) -> tuple[dict, list[dict]]:
-    """The report's versions and rows compiled from ``source`` and read with every field of `ROW_FIELDS`; those
-    of other sources, or read before a field was added, are dropped, loudly."""
+def current_rows(report: dict, sources: dict[str, str]) -> tuple[dict, list[dict]]:
+    """The report's versions and rows of the kernels whose code is ``sources`` (`kernel_sources`) and read with
+    every field of `ROW_FIELDS`; rows of a kernel whose code changed since, or read before a field was added, are
+    dropped, loudly. A version entry records the sources its kernels were compiled from (``sources``)."""
     rows = report.get("rows", [])
     versions = {}
     for v, e in sorted(report.get("versions", {}).items()):
+        recorded = e.get("sources", {})
         mine = [r for r in rows if r.get("triton") == v and "error" not in r]
-        if e["source"] != source:
+        kept = {k: h for k, h in recorded.items() if sources.get(k) == h}
+        stale = sorted({r["kernel"] for r in rows if r.get("triton") == v} - set(kept))
+        if stale:
             print(
-                f"dropping the rows of Triton {v}: compiled from another kernel source (run the report with it again)"
+                f"dropping the rows of {', '.join(stale)} under Triton {v}: compiled from other kernel code "
+                f"(run the report with it again, --kernels {' '.join(stale)})"
             )
-        elif not all(f in r for r in mine for f in ROW_FIELDS):
+        if not all(f in r for r in mine if r["kernel"] in kept for f in ROW_FIELDS):
             print(
                 f"dropping the rows of Triton {v}: read without one of {ROW_FIELDS} (run the report with it again)"
             )
-        else:
-            versions[v] = e
-    return versions, [r for r in rows if r.get("triton") in versions]
+        elif kept:
+            versions[v] = dict(torch=e["torch"], date=e["date"], sources=kept)
+    valid = [
+        r for r in rows if r.get("triton") in versions and r["kernel"] in versions[r["triton"]]["sources"]
+    ]
+    return versions, valid
 
 
 def _one(job: tuple) -> dict:
@@ -335,7 +378,8 @@ def write_report(
         "",
         *(f"- {k}: {v}" for k, v in env.items()),
         *(
-            f"- Triton {v}: torch {e['torch']}, compiled {e['date']}, kernel source {e['source']}"
+            f"- Triton {v}: torch {e['torch']}, compiled {e['date']}, kernel sources "
+            + ", ".join(f"{k} {h}" for k, h in sorted(e["sources"].items()))
             for v, e in sorted(versions.items())
         ),
         "",
@@ -381,25 +425,28 @@ def write_report(
 def main(argv=None) -> int:
     args = parse_args(argv)
     defaults = parse_args([])
-    partial = any(
-        getattr(args, f) != getattr(defaults, f) for f in ("head_dims", "kernels", "stages", "dtype")
-    )
+    partial = any(getattr(args, f) != getattr(defaults, f) for f in ("head_dims", "stages", "dtype"))
     if partial and not args.no_write and not args.no_compile:
-        raise SystemExit(
-            "a partial run (other kernels, head dims, stages or dtype) is not written: add --no-write"
-        )
+        raise SystemExit("a partial run (other head dims, stages or dtype) is not written: add --no-write")
+    unknown = [k for k in args.kernels if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"--kernels {' '.join(unknown)}: expected some of {' '.join(KERNELS)}")
     if os.environ.get("TRITON_INTERPRET") == "1" and not args.no_compile:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
-    source = kernel_source_hash()
-    versions, rows = current_rows(load_report(), source)
+    sources = kernel_sources()
+    versions, rows = current_rows(load_report(), sources)
     if not args.no_compile:
         import torch
         import triton
 
-        new = compile_rows(args)
-        rows = [r for r in rows if r["triton"] != triton.__version__] + new
-        versions[triton.__version__] = dict(
-            torch=torch.__version__, date=datetime.date.today().isoformat(), source=source
+        # the kernels compiled now replace their rows of this Triton version; the others' rows stay
+        new, v = compile_rows(args), triton.__version__
+        rows = [r for r in rows if not (r["triton"] == v and r["kernel"] in args.kernels)] + new
+        kept = versions.get(v, {}).get("sources", {})
+        versions[v] = dict(
+            torch=torch.__version__,
+            date=datetime.date.today().isoformat(),
+            sources={**kept, **{k: sources[k] for k in args.kernels}},
         )
     if not rows:
         raise SystemExit("no rows of the current kernel source to choose from: run without --no-compile")

@@ -446,15 +446,8 @@ def predict(
         dtype: the model's weights and activations: "float32", "bfloat16" or "float16" (see `Predictor`).
         cuda_graphs: replay the forward as CUDA graphs (see `Predictor`; a CUDA device only).
     """
-    predictor = Predictor(
-        model,
-        task=task,
-        tokenizer=tokenizer,
-        device=device,
-        batch_size=batch_size,
-        dtype=dtype,
-        cuda_graphs=cuda_graphs,
-    )
+    running = dict(device=device, batch_size=batch_size, dtype=dtype, cuda_graphs=cuda_graphs)
+    predictor = Predictor(model, task=task, tokenizer=tokenizer, **running)
     data = get_task(predictor.info.task).read(input, skip_bad=skip_bad)
     records = _with_ids(predictor.predict(data.examples, progress=progress), data.examples)
     write_predictions(out, records)

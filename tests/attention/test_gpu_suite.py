@@ -298,6 +298,7 @@ def test_the_environment_step_records_versions_without_a_gpu(suite, tmp_path):
     assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
     assert {"nvidia_smi", "triton", "transformers", "flashdeberta", "ncu", "cpus", "git_commit"} <= set(env)
     assert env["kernel_source_hash"] == _module("triton_static").kernel_source_hash()
+    assert env["kernel_sources"] == _module("triton_static").kernel_sources()
 
 
 def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):

@@ -1662,10 +1662,10 @@ def test_gpu_tiles_are_the_static_reports_choice():
     """`GPU_TILES`, `DROPOUT_TILES` and `SKEW_TILES` hold what the committed static report chose (no hand edits
     in between), except the entries a GPU timed (`GPU_TIMED`: see the next test)."""
     report = _results("triton_static.json")
-    # compiled from the kernels as they are now, under more than one Triton release
-    source = _benchmark_module("triton_static").kernel_source_hash()
-    assert {v: e["source"] for v, e in report["versions"].items()} == dict.fromkeys(
-        report["versions"], source
+    # every kernel compiled from its code as it is now, under more than one Triton release
+    sources = _benchmark_module("triton_static").kernel_sources()
+    assert {v: e["sources"] for v, e in report["versions"].items()} == dict.fromkeys(
+        report["versions"], sources
     )
     assert len(report["versions"]) >= 2 and {r["triton"] for r in report["rows"]} == set(report["versions"])
     chosen = report["chosen"]
@@ -1759,6 +1759,44 @@ def test_static_report_source_hash_sees_the_code_not_its_comments():
     assert code_hash(kernels.replace("tl.float32", "tl.float16", 1)) != code_hash(kernels)
 
 
+def test_static_report_rows_go_stale_with_their_own_kernels_code_only(capsys):
+    """`triton_static.kernel_sources`: an edit to a function only the forward kernel runs changes the forward's
+    hash alone, one to a helper of both backward kernels changes theirs, a docstring none; `current_rows` then
+    drops the rows of the kernels whose code changed and keeps the others'."""
+    from pathlib import Path
+
+    from debertakit.attention import triton_kernels
+
+    static = _benchmark_module("triton_static")
+    text = Path(triton_kernels.__file__).read_text()
+    now = static.kernel_sources(text)
+    assert now == static.kernel_sources() and len(set(now.values())) == 3
+
+    def edited(function: str, old: str, new: str) -> dict[str, str]:
+        start = text.index(f"def {function}(")
+        body = text[start:].replace(old, new, 1)
+        return static.kernel_sources(text[:start] + body)
+
+    fwd_only = edited("_fwd_keys", "m_i", "m_i2")
+    assert fwd_only["_fwd_kernel"] != now["_fwd_kernel"]
+    assert {k: fwd_only[k] for k in ("_dq_kernel", "_dkv_kernel")} == {
+        k: now[k] for k in ("_dq_kernel", "_dkv_kernel")
+    }
+    backward = edited("_table_grad", "acc_r += ", "acc_r -= ")
+    assert backward["_fwd_kernel"] == now["_fwd_kernel"]
+    assert backward["_dq_kernel"] != now["_dq_kernel"] and backward["_dkv_kernel"] != now["_dkv_kernel"]
+    assert edited("_table_grad", "Distance-space", "Distance space") == now
+
+    rows = [dict(kernel=k, triton="3.9.0", tiles="64x32 w4 s2", replication=1) for k in static.KERNELS]
+    report = dict(versions={"3.9.0": dict(torch="t", date="d", sources=fwd_only)}, rows=rows)
+    versions, kept = static.current_rows(report, now)
+    assert [r["kernel"] for r in kept] == ["_dq_kernel", "_dkv_kernel"]
+    assert versions["3.9.0"]["sources"] == {k: now[k] for k in ("_dq_kernel", "_dkv_kernel")}
+    assert "dropping the rows of _fwd_kernel under Triton 3.9.0" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--kernels _bwd_kernel: expected some of"):
+        static.main(["--kernels", "_bwd_kernel", "--no-compile", "--no-write"])
+
+
 def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsys):
     static = _benchmark_module("triton_static")
 
@@ -1793,14 +1831,18 @@ def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsy
     assert pick(repeats) == big  # replicated, yet the only one
     # a tile one version did not compile cannot qualify
     assert static.choose(rows("3.6.0", small, 0) + rows("3.9.0", big, 0)) == {}
-    report = dict(versions={"3.6.0": dict(source="old"), "3.9.0": dict(source="new")}, rows=both)
-    versions, kept = static.current_rows(report, "new")
+
+    def entry(source: str) -> dict:
+        return dict(torch="t", date="d", sources=dict(_fwd_kernel=source))
+
+    report = dict(versions={"3.6.0": entry("old"), "3.9.0": entry("new")}, rows=both)
+    versions, kept = static.current_rows(report, dict(_fwd_kernel="new"))
     assert set(versions) == {"3.9.0"} and {r["triton"] for r in kept} == {"3.9.0"}
-    assert "dropping the rows of Triton 3.6.0" in capsys.readouterr().out
+    assert "dropping the rows of _fwd_kernel under Triton 3.6.0" in capsys.readouterr().out
     # and the rows read before a field the report reads was added (the same source)
     unread = [{k: v for k, v in r.items() if k != "replication"} for r in old]
-    report = dict(versions={"3.6.0": dict(source="new"), "3.9.0": dict(source="new")}, rows=unread + new)
-    versions, kept = static.current_rows(report, "new")
+    report = dict(versions={"3.6.0": entry("new"), "3.9.0": entry("new")}, rows=unread + new)
+    versions, kept = static.current_rows(report, dict(_fwd_kernel="new"))
     assert set(versions) == {"3.9.0"} and {r["triton"] for r in kept} == {"3.9.0"}
     assert "read without one of ('replication',)" in capsys.readouterr().out
 
