@@ -254,11 +254,16 @@ def test_the_relative_index_a_graph_reads_lives_as_long_as_the_model():
 
 # ---------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["triton", "eager"])
-def test_replayed_graphs_match_the_model_gpu(backend):
+@pytest.mark.parametrize("backend", ["triton", "eager", "chunked"])
+def test_replayed_graphs_match_the_model_gpu(monkeypatch, backend):
     """Captured graphs under bfloat16 autocast against the model's own forward on the unpadded inputs: one call
     without mask or types (a bucket of its own), two in one bucket with other inputs (the graph reads the
-    reloaded buffers); one capture per bucket."""
+    reloaded buffers); one capture per bucket. `chunked` too (`auto` picks it where the triton kernels decline:
+    GPUs before sm_80, head dims above 128), at tiles small enough for its saturated pieces
+    (`_Context.far_row`) to run."""
+    from debertakit.attention import chunked
+
+    monkeypatch.setattr(chunked, "INFER_TILE_ELEMENTS", 2 * 16 * 64)
     model = tasks.DebertaForTokenClassification(_config(backend)).cuda()
     graphs = CudaGraphModel(model, lengths=(16, 64), batch_sizes=(1, 4))
     calls = [(torch.randint(5, 300, (1, 12), device="cuda"), None, None), _inputs((3, 50), "cuda")]
