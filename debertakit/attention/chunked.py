@@ -332,16 +332,16 @@ class _Context:
         ]
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
-    def far_row(self, delta: int) -> slice:
-        """The table row of the saturated distance ``delta`` (clamped into the projected window, as `rows`), as a
-        slice of one: looked up on the host (`RelativeIndex.row`); an index tensor made on the GPU was a copy from
-        host memory in every call: a wait for the GPU, and an error inside a CUDA graph's capture."""
-        row = min(max(self.rel.row(delta), 0), self.R - 1)
-        return slice(row, row + 1)
+    def far_row(self, delta: int) -> int:
+        """The table row of the saturated distance ``delta`` (clamped into the projected window, as `rows`),
+        looked up on the host (`RelativeIndex.row`): an index tensor made on the GPU was a copy from host memory
+        in every call, a wait for the GPU, and an error inside a CUDA graph's capture."""
+        return min(max(self.rel.row(delta), 0), self.R - 1)
 
     def _far(self, i0: int, i1: int, j0: int, j1: int, delta: int) -> Tensor:
         """Saturated pairs: row term + column term, (B, H, bq, nk)."""
-        row = self.far_row(delta)
+        r = self.far_row(delta)
+        row = slice(r, r + 1)  # keeps the dim: (..., 1)
         out = torch.zeros((), device=self.q.device)
         if self.c2p_rows is not None:
             c = self.c2p_rows if self.c2p_rows.shape[2] == 1 else self.c2p_rows[:, :, i0:i1]
@@ -357,7 +357,8 @@ class _Context:
         if rows is None:
             return None
         n = self.Nq if side == "q" else self.Nk
-        return rows[..., self.far_row(delta)].expand(self.B, self.H, n, 1)
+        row = self.far_row(delta)
+        return rows[..., row : row + 1].expand(self.B, self.H, n, 1)
 
     def band_index(self, i0: int, i1: int, jb0: int, jb1: int) -> Tensor:
         """(bq, W) int64 table rows of queries [i0, i1) against keys [jb0, jb1); it depends only on i0 - jb0 and
@@ -475,7 +476,7 @@ class _Context:
         for j0, j1, delta in self._pieces(i0, i1, ks, ke):
             g = grad[..., j0 - ks : j1 - ks]
             if delta is not None:  # saturated: one table row per side
-                row = int(self.rows(torch.tensor([delta])))
+                row = self.far_row(delta)
                 if g_c2p is not None:
                     g_c2p[:, :, i0:i1, row] += g.sum(-1)
                 if g_p2c is not None:

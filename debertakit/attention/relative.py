@@ -139,8 +139,8 @@ class RelativeIndex:
         and saves work for short inputs (a 1024-row v1 table for a 16-token input, say).
         """
         d = min(max_distance, self.saturation)
-        lo = int(self.lut[self.saturation - d]) + self.offset
-        hi = int(self.lut[self.saturation + d]) + self.offset + 1
+        lo = self.row(-d) + self.offset
+        hi = self.row(d) + self.offset + 1
         return lo, hi
 
     def shifted(self, lo: int) -> RelativeIndex:

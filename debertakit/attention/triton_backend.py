@@ -1359,7 +1359,7 @@ def _lut(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tuple
     span = slice(rel.saturation - sat, rel.saturation + sat + 1)
     lo, hi = 0, rows
     if not torch.compiler.is_compiling():
-        first, last = rel.lut[span][[0, -1]].clamp(0, rows - 1).tolist()
+        first, last = (min(max(rel.row(d), 0), rows - 1) for d in (-sat, sat))
         lo, hi = first, last + 1
     lut = rel.lut_on(device)[span].clamp(0, rows - 1) - lo
     lut = torch.cat([lut, lut[-1:].expand(_distance_stride(sat) - lut.numel())])
