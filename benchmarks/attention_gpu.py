@@ -133,6 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the rows `attention` measures (default: all), e.g. triton 'sdpa (no position terms)' flashdeberta",
     )
     p.add_argument(
+        "--models",
+        nargs="+",
+        help="the models `model` and `packed` measure (default: all), of 'ours/<backend>' and 'hf eager'",
+    )
+    p.add_argument(
         "--long-lengths", nargs="+", type=int, default=[16384, 32768, 65536], help="batch-1 lengths of `long`"
     )
     p.add_argument("--lengths", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096, 8192, 16384])
@@ -445,12 +450,13 @@ def attention_row_names() -> list[str]:
     ]
 
 
-def check_impls(impls: list[str] | None) -> None:
-    """``--impls`` names rows the attention section builds: a misspelt row would be dropped silently."""
-    known = attention_row_names()
-    unknown = [name for name in impls or [] if name not in known]
-    if unknown:
-        raise SystemExit(f"--impls: unknown row(s) {unknown}; the attention section's rows are {known}")
+def check_impls(impls: list[str] | None, models: list[str] | None = None) -> None:
+    """``--impls`` names rows the attention section builds, ``--models`` models the model sections build: a
+    misspelt name would be dropped silently."""
+    for flag, names, known in (("--impls", impls, attention_row_names), ("--models", models, model_names)):
+        unknown = [name for name in names or [] if name not in known()]
+        if unknown:
+            raise SystemExit(f"{flag}: unknown row(s) {unknown}; expected some of {known()}")
 
 
 DIFF_TOLERANCE = 2e-2  # bfloat16, relative to the largest |value|: the tests' tolerance (tests/attention)
@@ -914,10 +920,20 @@ def _models(args, device: str, dropout: float = 0.0) -> list[tuple[str, Callable
         from debertakit.convert.hf_config import to_hf_config
 
         hf_cfg = DebertaV2Config(**to_hf_config(_v3_config(args, "eager", dropout)))
-        out.append(("hf eager", lambda: DebertaV2Model(hf_cfg).to(device), True))
+        out.append((HF_MODEL, lambda: DebertaV2Model(hf_cfg).to(device), True))
     except Exception as e:  # transformers absent or incompatible: ours only
         print(f"(no Hugging Face model: {type(e).__name__}: {e})")
-    return out
+    return [m for m in out if args.models is None or m[0] in args.models]
+
+
+def model_names() -> list[str]:
+    """Every model the model and packed sections can build, where its backend or package is present."""
+    from debertakit.attention import available_backends
+
+    return [*(f"ours/{name}" for name in available_backends()), HF_MODEL]
+
+
+HF_MODEL = "hf eager"
 
 
 def _step_fns(model, device, dtype, kwargs):
@@ -1423,7 +1439,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    check_impls(args.impls)
+    check_impls(args.impls, args.models)
     import torch
 
     from debertakit.attention import triton_backend

@@ -263,7 +263,7 @@ def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
         script = Path(argv[1]).name
         if script in parsers:
             args = parsers[script](argv[2:])
-            attention_gpu.check_impls(args.impls)
+            attention_gpu.check_impls(args.impls, args.models if script == "attention_gpu.py" else None)
             for spec in args.tiles if script == "attention_gpu.py" and "tiles" in args.sections else []:
                 attention_gpu.parse_tiles(spec)
             assert args.budget_s <= step.cap_s - min(suite.UNIT_MARGIN_S, step.cap_s / 2)
@@ -308,6 +308,9 @@ def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
         bench.main(["--smoke", "--impls", "triton", "triton distanse", "--out", str(tmp_path / "a.json")])
     assert not (tmp_path / "a.json").exists()
     bench.check_impls(["triton", "triton distance", "sdpa (no position terms)", "flashdeberta", "eager"])
+    with pytest.raises(SystemExit, match="--models: unknown row\\(s\\) \\['ours/trition'\\]"):
+        bench.main(["--smoke", "--models", "ours/trition", "--out", str(tmp_path / "a.json")])
+    bench.check_impls(None, ["ours/triton", "hf eager"])
 
 
 def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):

@@ -2687,6 +2687,22 @@ def test_gpu_benchmark_model_section_times_our_batch_1_forward_as_a_cuda_graph_t
     assert graphed["batch"] == 1 and graphed["tokens_per_s"] > 0
 
 
+def test_gpu_benchmark_model_section_measures_only_the_models_named(tmp_path, monkeypatch):
+    """``--models`` keeps the model and packed sections to the models it names (a GPU lease times the default
+    road against Hugging Face's, not every backend)."""
+    import json
+
+    bench = _benchmark_with_two_models(monkeypatch)
+    out = tmp_path / "model.json"
+    assert (
+        bench.main(["--smoke", "--sections", "model", "packed", "--models", "hf eager", "--out", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["section"] for r in rows} == {"model", "packed"}
+    assert {r["impl"] for r in rows} == {"hf eager"}
+
+
 @pytest.mark.gpu
 def test_gpu_benchmark_counts_the_syncs_of_a_call():
     """The latency section's sync count: a call that reads a GPU value on the host syncs once per read, one that
