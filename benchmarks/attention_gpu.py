@@ -228,6 +228,17 @@ def _or_error(measure: Callable[[], dict]) -> dict:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
 
 
+# `do_bench`'s warm-up before the timed calls, in ms of calls. At 10 ms, the first row a process timed at N = 512
+# ran its forward far slower than rows of the same kernels after it, in three runs on an H200 (2026-11-26,
+# `benchmarks/results/attention_gpu_h200_996fc93_targets.json`, `..._7974afd_tiles_*.json`): `triton` 0.949 ms
+# per call against 0.585 through the custom op and 0.568 of GPU time (profile); the tile sweeps' first rows, at
+# the default tiles, 35.4 and 21.3 TFLOP/s against 45.4 of GPU time; so did the rows of the two product-kernel
+# variants, each timed right after its kernel compiled (seconds of host work, the GPU idle). Their
+# forward+backward, timed next, was not slow. The cause is not established (clocks back up from idle, or the
+# host's first calls); a longer warm-up takes either out of the median (not yet timed on a GPU).
+WARMUP_MS = 200
+
+
 def bench(fn: Callable[[], object], device: str) -> dict:
     """Median time (ms) and peak memory above the baseline (GiB) of ``fn``; 'OOM' when it does not fit."""
     import torch
@@ -247,7 +258,7 @@ def bench(fn: Callable[[], object], device: str) -> dict:
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         from triton.testing import do_bench
 
-        return {"ms": do_bench(fn, warmup=10, rep=100, return_mode="median"), "peak_gib": peak}
+        return {"ms": do_bench(fn, warmup=WARMUP_MS, rep=100, return_mode="median"), "peak_gib": peak}
 
     try:
         return _or_error(measure)

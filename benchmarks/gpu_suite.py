@@ -31,8 +31,9 @@ each step's cap and what it decides):
 Each step runs as a child process in its own process group, its output in ``logs/<step>.log``. When its cap
 or the budget runs out, or the suite itself is interrupted, the group is stopped: SIGTERM, a grace period,
 then SIGKILL to whatever of it is left (ncu's children too). A step is not started with less than its
-``min_s`` left. The caps and minimums are estimates (no GPU has run the suite yet); each step's seconds are
-recorded, to correct them by. The benchmark scripts are given ``--budget-s`` a margin short of the time they
+``min_s`` left. The caps and minimums are estimates; each step's seconds are recorded, to correct them by (on
+an H200, 2026-11-26: environment 17 s, targets 92, profile 25, latency 61, gpu-tests 217, tiles-product 29,
+model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; README, "third lease"). The benchmark scripts are given ``--budget-s`` a margin short of the time they
 have, so that they stop between units and keep everything measured (their results files are rewritten after
 each unit); a unit stopped all the same (an ncu profile may take longer than the margin) loses only itself.
 ``--smoke`` runs each step's smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests
@@ -106,7 +107,8 @@ CEILINGS = ["triton (no position terms)", "sdpa (no position terms)", "flashdebe
 # (benchmarks/results/triton_static.md) has spill-free, or nearly, for each kernel of the v3 set
 SWEEP_TILES = ["64x32w4s2", "128x32w8s2", "32x64w4s2"]
 DISTANCE_SWEEP_TILES = [*SWEEP_TILES, "128x64w8s2"]  # and the static choice of the distance forward and dQ
-# the distance tables' product kernel (`triton_backend.PRODUCT_TILES`, 64x64 w4, never timed against others):
+# the distance tables' product kernel (`triton_backend.PRODUCT_TILES`, 64x64 w4, the fastest of these on an H200:
+# `benchmarks/results/attention_gpu_h200_7974afd_tiles_product.json`):
 # shapes that compile for sm_90 under Triton 3.6 and 3.9 without spills, with 16-byte stores
 # (`python tests/attention/compile_triton_kernels.py --product-sweep`, every head dim, bf16 and fp16)
 PRODUCT_SWEEP_TILES = ["64x64w4s1", "64x128w8s1", "128x64w8s1", "128x128w8s1", "64x256w8s1"]

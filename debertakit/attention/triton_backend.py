@@ -486,15 +486,18 @@ def _band_product(
 # (`benchmarks/results/attention_gpu_h100_targets.json`).
 DISTANCE_PRODUCT_MODES = ("triton", "cublas")
 DISTANCE_PRODUCT = "triton"
-# The product kernel's tiles: one dot over the head dim per block, BLOCK_M rows of q / k by BLOCK_N cells. Not
-# tuned on a GPU: 64×64 with 4 warps compiles for sm_90 without spills at every head dim, with 16-byte stores
-# (tests/attention/compile_triton_kernels.py).
+# The product kernel's tiles: one dot over the head dim per block, BLOCK_M rows of q / k by BLOCK_N cells. 64×64
+# with 4 warps compiles for sm_90 without spills at every head dim, with 16-byte stores
+# (tests/attention/compile_triton_kernels.py), and was the fastest of five spill-free shapes on an H200 (forward
+# at N = 2048: 80.5 TFLOP/s against 79.6 for 128×64 w8 and 60.5 for 64×256 w8;
+# `benchmarks/results/attention_gpu_h200_7974afd_tiles_product.json`).
 PRODUCT_TILES = Tiles(64, 64, 4, 1)
 # How the product kernel stores its inner blocks (`triton_products`): "pointers", an address per element
 # (16-byte vector stores), or "tma", one tensor-memory store per block through a descriptor (Hopper and later;
 # elsewhere, and where the table's rows are not a multiple of 16 bytes' elements, the pointers). Both write the
-# same cells; the second is not timed on a GPU yet (`benchmarks/attention_gpu.py`'s row "triton (product TMA
-# stores)"), so the first stays the default.
+# same cells. On an H200 the two tables took as long either way (0.295 ms with TMA against 0.298 at N = 512,
+# 0.521 against 0.505 at 2048; `benchmarks/results/attention_gpu_h200_996fc93_profile.json`), so the first stays
+# the default.
 PRODUCT_STORES_MODES = ("pointers", "tma")
 PRODUCT_STORES = "pointers"
 # Which programs the product kernel runs (`triton_products`): "blocks", one per block of rows and cells, or
@@ -503,8 +506,9 @@ PRODUCT_STORES = "pointers"
 # stored).
 # One tile a program left its loads' latency exposed: at N = 512 on an H100 ncu put the kernel's top stall on
 # waiting for global loads (long_scoreboard, 4.2 cycles per issued instruction) with 48% of issue slots busy
-# (`benchmarks/results/attention_ncu_h100_9b811db.md`). Not timed on a GPU yet (`benchmarks/attention_gpu.py`'s
-# row "triton (product row loop)"): "blocks" stays the default.
+# (`benchmarks/results/attention_ncu_h100_9b811db.md`). The loop was slower on an H200 (the two tables in 0.367
+# ms against 0.298 at N = 512, 0.671 against 0.505 at 2048; `attention_gpu_h200_996fc93_profile.json`):
+# "blocks" stays the default.
 PRODUCT_PROGRAMS_MODES = ("blocks", "rows")
 PRODUCT_PROGRAMS = "blocks"
 # the tiles of "rows": PRODUCT_TILES' shape with three stages (one would leave the loop's loads unpipelined;
