@@ -353,6 +353,8 @@ def _attention_rows(
         candidates[PRODUCT_TMA_ROW] = (tma, leaves, grad)
         row_loop = _with_backend_settings(candidates["triton"][0], PRODUCT_PROGRAMS="rows")
         candidates[PRODUCT_ROWS_ROW] = (row_loop, leaves, grad)
+        one_band = _with_backend_settings(candidates["triton"][0], GRADIENT_BANDS=False)
+        candidates[ONE_BAND_GRADIENTS_ROW] = (one_band, leaves, grad)
         from debertakit.attention import triton_backend
 
         through_op = _with_backend_settings(candidates["triton"][0], _attention=triton_backend._fwd_op)
@@ -429,6 +431,9 @@ PRODUCT_TMA_ROW = "triton (product TMA stores)"
 # `triton` with one product-kernel program per row block, its column blocks in a pipelined loop
 # (`triton_backend.PRODUCT_PROGRAMS` "rows", at `PRODUCT_ROW_TILES`), against one program per block
 PRODUCT_ROWS_ROW = "triton (product row loop)"
+# `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
+# where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
+ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -452,6 +457,7 @@ def attention_row_names() -> list[str]:
         CUBLAS_TABLES_ROW,
         PRODUCT_TMA_ROW,
         PRODUCT_ROWS_ROW,
+        ONE_BAND_GRADIENTS_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -654,15 +660,22 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
 
 
 def profile_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The `triton` rows of ``attention`` (each near-band road, the product kernel's variants, and the kernels
-    without position terms) with
+    """The `triton` rows of ``attention`` (each near-band road, the product kernel's variants, the gradients in
+    one band, and the kernels without position terms) with
     their GPU time split by kernel: how much is the fused kernels and how much the work around them (the N×R
     tables, FAR, copies)."""
 
     def measure(n: int) -> list[dict]:
         # the plain row: the kernels' loop alone, without the work around it
         # and the product kernel's variants: its GPU time in each, beside the default's
-        only = (*road_rows(), CUBLAS_TABLES_ROW, PRODUCT_TMA_ROW, PRODUCT_ROWS_ROW, PLAIN_ROW)
+        only = (
+            *road_rows(),
+            CUBLAS_TABLES_ROW,
+            PRODUCT_TMA_ROW,
+            PRODUCT_ROWS_ROW,
+            ONE_BAND_GRADIENTS_ROW,
+            PLAIN_ROW,
+        )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)
         return [{**r, "section": "profile"} for r in rows]
 

@@ -87,16 +87,15 @@ from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
-# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's
-# tensor-memory stores and with its row loop (`attention_gpu.PRODUCT_TMA_ROW`, `PRODUCT_ROWS_ROW`: whether either
-# should be the default), with one geometry for
+# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with the backward's
+# gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512; the product
+# kernel's two variants, timed on an H200 and not faster, are left to the profile step), with one geometry for
 # all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
 # (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
 ROADS = [
     "triton",
     "triton (cuBLAS tables)",
-    "triton (product TMA stores)",
-    "triton (product row loop)",
+    "triton (gradients in one band)",
     "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",

@@ -392,6 +392,15 @@ def _scaled_product(
     return flat
 
 
+def _band_major(heads: Tensor, batch: int, n: int, band: int, bands: int) -> Tensor:
+    """(H, B·N, d) rows per head as (H·bands, B·band, d): each band's rows of the whole batch together, the
+    batch rows padded with zero rows to whole bands (with one band, ``band`` 0, to `_distance_padded_rows`).
+    A copy unless one band of one batch row needs no padding."""
+    H, d = heads.shape[0], heads.shape[2]
+    rows = _pad_rows(heads, batch, n, _distance_padded_rows(n, band))
+    return rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
+
+
 def _pad_rows(heads: Tensor, batch: int, n: int, padded: int) -> Tensor:
     """(H, B·N, d) rows per head as (H, B·N', d), each batch row's N rows followed by zero rows up to
     N' = ``padded`` (a copy only when N' > N)."""
@@ -472,8 +481,7 @@ def _band_product(
         return _kernel_band_product(heads, table, cells, batch, n, band, alpha, slack)
     H, d = heads.shape[0], heads.shape[2]
     bands, width = cells.shape
-    rows = _pad_rows(heads, batch, n, _distance_padded_rows(n, band))
-    a = rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
+    a = _band_major(heads, batch, n, band, bands)
     b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
     return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)
 
@@ -1053,6 +1061,71 @@ def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev
     return buffer.fill_(float("nan")) if POISON_DISTANCE_BUFFERS else buffer
 
 
+# The backward's distance-space gradients in the tables' bands where that narrows their rows
+# (`_gradient_stride`); False keeps one band's rows always, as before 2026-11-26 (the benchmark's row "triton
+# (gradients in one band)" times the two side by side)
+GRADIENT_BANDS = True
+
+
+def _gradient_stride(sat: int, band: int, cells: Tensor | None) -> int:
+    """The row stride of the backward's distance-space gradient buffers: one band's 2·sat + 1 cells rounded up
+    (`_distance_stride`), or, where the distance tables are in bands (``band`` > 0) and their rows are narrower,
+    theirs rounded up: the buffers then take the tables' layout (`_gradient_buffer`; at v3's N = 512, 592 cells
+    a row against 1040: the backward kernels store and the folds read 43% fewer). The kernels tell the two
+    layouts apart by this stride (`triton_kernels._grad_rows`). A packed row longer than the saturation, of
+    shorter sequences, has banded tables (no far tile) whose rows may be the wider: one band then."""
+    one = _distance_stride(sat)
+    return min(one, _aligned(cells.shape[2])) if band and GRADIENT_BANDS else one
+
+
+def _gradient_buffer(
+    heads: int, batch: int, n: int, band: int, stride: int, dtype: torch.dtype, dev, ij: bool
+) -> Tensor:
+    """A distance-space gradient buffer for ``n`` rows per (b, h): (H, B·N, stride) with one band
+    (`_distance_buffer`); with bands, the tables' layout (H, bands, B, band, stride) flat as (H, B·N', stride),
+    N' the rows padded to whole bands. The kernels write every cell of the rows they own (`triton_kernels.
+    _grad_rows`); the padding rows, which no program owns, are zeroed here (a strided view of the last band)."""
+    if not band:
+        return _distance_buffer(heads, batch * n, stride, dtype, dev, ij)
+    padded = _distance_padded_rows(n, band)
+    buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij)
+    if padded > n:
+        per_band = buffer.view(heads, padded // band, batch, band, stride)
+        per_band[:, -1, :, n - (padded - band) :].zero_()
+    return buffer
+
+
+def _fold_bands(
+    dist: Tensor,
+    table: Tensor,
+    content: Tensor,
+    cells: Tensor,
+    grad: Tensor,
+    batch: int,
+    n: int,
+    band: int,
+    scale: float,
+) -> Tensor:
+    """`_fold_into_content` and `_fold_into_table` for a gradient buffer in bands (`_gradient_buffer`): per
+    (head, band) its (B·band, cells) rows against the position-table rows its ``cells`` (bands, cells) index
+    (`_distance_cells`, the tables' own: a band's cell e stands for the same distance in the gradient as in the
+    table), added into ``grad`` (B, H, N, d) from a float32 (H, B·N', d) product read in place (one add, no
+    copy into ``grad``'s order), and against the ``content`` rows (H, B·N, d) copied band-major, folded into
+    the table's rows through the cells. Returns the table's gradient (H, R, d), float32."""
+    H, d = table.shape[0], table.shape[2]
+    bands, width = cells.shape
+    # the rows' cells at their aligned stride: cuBLAS reads them in place
+    per_band = dist.view(H * bands, batch * band, dist.shape[-1])[..., :width]
+    rows = table[:, cells].reshape(H * bands, width, d)
+    into = _matmul_f32(per_band, rows).view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
+    whole = n // band  # the bands of real rows only; the last one's padding rows are not added
+    grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
+    if whole < bands:
+        grad[:, :, whole * band :].add_(into[:, :, whole, : n - whole * band], alpha=scale)
+    per_cell = _matmul_f32(per_band.transpose(-1, -2), _band_major(content, batch, n, band, bands))
+    return _into_rows(per_cell.view(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+
+
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
     """Adds Σ over distances of dist(n, δ) · table[idx(δ)] · scale to ``grad`` (B, H, N, d): what ROW / COL's
     cells pass to Q / K, as one matmul per head in distance space, dist (H, B·N, W') against the table rows
@@ -1109,7 +1182,8 @@ def _bwd(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD, cells, sat,
             scale, band,
         )  # fmt: skip
-        DW = _distance_stride(sat)
+        DW = _gradient_stride(sat, band if dist else 0, cells)
+        banded = DW < _distance_stride(sat)  # the gradient buffers in the tables' bands (`_gradient_stride`)
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
@@ -1117,9 +1191,12 @@ def _bwd(
         dk = torch.empty_like(k, dtype=torch.float32)  # float32: the position terms' part is added below
         dv = torch.empty_like(k, dtype=v.dtype)  # final as the kernel writes it
         # distance-space gradients of ROW / COL: (N, 2·sat + 1) per (b, h) at the row stride DW, laid out per head
-        # as the tables are, zero where no pair lands
-        dq_dist = _distance_buffer(H, B * NQ, DW, q.dtype, dev, ij) if row is not None else None
-        dk_dist = _distance_buffer(H, B * NK, DW, q.dtype, dev, ij) if col is not None else None
+        # as the tables are, zero where no pair lands; with bands (H, bands, B, band, DW), ROW's and COL's layout
+        dq_dist = dk_dist = None
+        if row is not None:
+            dq_dist = _gradient_buffer(H, B, NQ, band if banded else 0, DW, q.dtype, dev, ij)
+        if col is not None:
+            dk_dist = _gradient_buffer(H, B, NK, band if banded else 0, DW, q.dtype, dev, ij)
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles))
         flags.update(_dropout_args(seed, drop_t, dev))
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
@@ -1155,7 +1232,12 @@ def _bwd(
         del row, col, far, tables  # free the N×R tables before the fold
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
-        if dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
+        if banded:  # (the distance road: no p2p)
+            if dq_dist is not None:
+                dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, band, scale)
+            if dk_dist is not None:
+                dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, band, scale)
+        elif dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
                 _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)
                 dpos_k = _fold_into_table(dq_dist, q_heads, q_lut, pos_k.shape[1], scale)
@@ -1164,7 +1246,7 @@ def _bwd(
                 g = _into_rows(per_distance, q_lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
                 dpos_q = _plus(dpos_q, g * pos_k.float())
                 dpos_k = _plus(dpos_k, g * pos_q.float())
-        if dk_dist is not None:  # COL = K·Qrᵀ
+        if dk_dist is not None and not banded:  # COL = K·Qrᵀ
             _fold_into_content(dk_dist, pos_q, lut, dk, scale)
             dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k_heads, lut, pos_q.shape[1], scale))
     return (

@@ -63,6 +63,11 @@ run per head over all B·N rows at once, reading Q and K in the projections' lay
 and summing the table gradients over the batch inside the matmul. Offsets to a program's (b, h) are 64-bit,
 offsets inside it 32-bit (the caller checks N · row stride < 2**31).
 
+Where the distance tables come in bands and that makes the rows narrower (at v3's N = 512: 592 cells against
+1040), the two gradient buffers take the tables' own layout instead, (H, bands, B, band, ·), row r of a band
+holding partner j at cell band + j - r (`_grad_rows`): the kernels store, and the caller's folds read, 43% fewer
+cells, the zeros included.
+
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
 `Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
 indices alone; otherwise positions are loaded per block and the classification uses their min / max.
@@ -112,6 +117,8 @@ FAR_PAD = tl.constexpr(triton_backend.FAR_PAD)
 # the distance buffers' row stride DW is their 2·SAT + 1 cells rounded up to a multiple of this
 # (`triton_backend._distance_stride`): fewer than DIST_ALIGN padding cells per row, which `_store_row_ends` zeroes
 DIST_ALIGN = tl.constexpr(triton_backend.DIST_ALIGN)
+# the kernels' LOG2_BAND for distance tables of one band per (b, h) (`triton_backend._distance_layout`)
+_ONE_BAND = tl.constexpr(triton_backend._ONE_BAND)
 
 # KIND, the tiles a loop visits: any (each classified at run time), only far ones on one side, or only near ones
 # (at distance i - j a program's loop runs in three parts: see the module docstring); _NEAR_ONLY: the loop's one
@@ -475,7 +482,7 @@ def _keep_mask_kernel(OUT, SEED, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def _table_grad(
-    DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, DW,
+    DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, OFF, DW,
     AXIS: tl.constexpr, IJ: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """Distance-space gradient of one tile's table entries, for the rows (AXIS 1, ``own`` = the query indices)
@@ -494,7 +501,10 @@ def _table_grad(
     down along the keys, which Triton's pointer analysis does not follow: the warp went down the tile's rows,
     a cell of another row per thread (Nsight Compute on an H100 at N = 512: 112 M store sectors against
     14.6 M ideal; dQ took 2.03 ms of the training step's 4.65 ms of GPU time, waiting on its stores; 1.07 ms
-    with the cells ascending, on an H200: README, "Measured on an H100 and an H200")."""
+    with the cells ascending, on an H200: README, "Measured on an H100 and an H200").
+
+    ``OFF``: the cell of distance 0 in row 0's frame (SAT + j - i above is OFF + j - i), and ``SAT`` the
+    saturation that sends a pair to the end cells; `_grad_rows` gives both (banded buffers: no end cells)."""
     if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
         acc_r += tl.sum(ds, AXIS)
     elif far_left:
@@ -508,10 +518,10 @@ def _table_grad(
             acc_r += tl.sum(tl.where(right, ds, 0.0), AXIS)
         if AXIS == 1:
             # a row term plus the keys' positions: Triton sees the cells run along the row (at distance i - j)
-            cells = (own * DW + SAT - qpos)[:, None] + kpos[None, :]
+            cells = (own * DW + OFF - qpos)[:, None] + kpos[None, :]
             owned = own_in[:, None]
         else:
-            cells = own[None, :] * DW + delta + SAT
+            cells = own[None, :] * DW + delta + OFF
             owned = own_in[None, :]
         if IJ:  # every near cell of the owned rows
             near = owned & (~left) & (~right)
@@ -534,15 +544,14 @@ def _store_row_ends(DIST, own, own_in, first, last, SAT, DW, OWN: tl.constexpr):
 
 @triton.jit
 def _zero_cells(
-    DIST, own, own_in, lo, end, first, last, SAT, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
+    DIST, own, own_in, lo, end, first, last, OFF, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Zeros into the cells [first, last] (``last`` < 2·SAT: near cells only) of the owned rows whose partner
-    (the index at the other end of the pair, ``own + cell - SAT``: see `_table_grad`) lies outside [lo, end),
-    in chunks of BLOCK cells."""
+    """Zeros into the cells [first, last] of the owned rows whose partner (the index at the other end of the
+    pair, ``own + cell - OFF``: see `_table_grad`) lies outside [lo, end), in chunks of BLOCK cells."""
     zero = tl.zeros((OWN, BLOCK), dtype=DIST.dtype.element_ty)
     for c0 in range(first, last + 1, BLOCK):
         cells = c0 + tl.arange(0, BLOCK)
-        partner = own[:, None] + (cells - SAT)[None, :]
+        partner = own[:, None] + (cells - OFF)[None, :]
         outside = (partner < lo) | (partner >= end)
         mask = own_in[:, None] & (cells <= last)[None, :] & outside
         tl.store(DIST + (own[:, None] * DW + cells[None, :]), zero, mask=mask)
@@ -550,23 +559,66 @@ def _zero_cells(
 
 @triton.jit
 def _zero_unvisited(
-    DIST, start, N, lo, hi, SAT, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
+    DIST, start, N, lo, hi, OFF, FIRST, LAST, DW, OWN: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """At distance i - j: zeros into the near cells (own index, distance) of the program's OWN rows starting at
-    ``start`` (of N) whose partner lies outside the blocks of BLOCK the program's loop visits, from ``lo`` to
+    """At distance i - j: zeros into the cells [FIRST, LAST] (`_grad_rows`) of the program's OWN rows starting
+    at ``start`` (of N) whose partner lies outside the blocks of BLOCK the program's loop visits, from ``lo`` to
     past ``hi`` (nothing else writes them: see `_table_grad`). Such cells form two runs per row, at the low and
     the high distances; only chunks that reach them are visited (at N well above the saturation, a few blocks
     near the sequence ends)."""
     own = start + tl.arange(0, OWN)
     own_in = own < N
     end = tl.maximum(lo + tl.cdiv(hi - lo, BLOCK) * BLOCK, lo)  # where the loop's last block ends
-    # partner = own + cell - SAT is below lo at low cells, at or above end at high ones; the bounds below hold
+    # partner = own + cell - OFF is below lo at low cells, at or above end at high ones; the bounds below hold
     # for every own index in [start, start + OWN)
-    low_last = tl.minimum(lo - start + SAT - 1, 2 * SAT - 1)
-    high_first = end - (start + OWN - 1) + SAT
-    high_first = tl.maximum(tl.maximum(high_first, low_last + 1), 1)
-    _zero_cells(DIST, own, own_in, lo, end, 1, low_last, SAT, DW, OWN, BLOCK)
-    _zero_cells(DIST, own, own_in, lo, end, high_first, 2 * SAT - 1, SAT, DW, OWN, BLOCK)
+    low_last = tl.minimum(lo - start + OFF - 1, LAST)
+    high_first = end - (start + OWN - 1) + OFF
+    high_first = tl.maximum(tl.maximum(high_first, low_last + 1), FIRST)
+    _zero_cells(DIST, own, own_in, lo, end, FIRST, low_last, OFF, DW, OWN, BLOCK)
+    _zero_cells(DIST, own, own_in, lo, end, high_first, LAST, OFF, DW, OWN, BLOCK)
+
+
+@triton.jit
+def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr):
+    """Where a program's rows of a distance-space gradient buffer lie, and how their cells run: (offset, SAT,
+    OFF, FIRST, LAST, ENDS). ``offset`` (64-bit, elements) moves the buffer's pointer so that own row i's
+    cells start at i·DW from it; a pair's cell is OFF + j - i of a query row (OFF + i - j of a key column: see
+    `_table_grad`), SAT the distance from which a pair is summed into an end cell, and the cells [FIRST, LAST]
+    those `_zero_unvisited` zeroes where the loop leaves them; rows below ENDS have end cells
+    (`_store_row_ends`).
+
+    One band (the default): rows per (b, h) at the row stride DW, a row's 2·SAT + 1 cells around cell SAT,
+    its end cells 0 and 2·SAT and its padding written by `_store_row_ends`. Where the distance tables are in
+    bands (``DIST``, LOG2_BAND below `_ONE_BAND`: no far tile) and their rows are narrower than one band's (DW
+    below 2·SAT + 1 rounded up: the caller's choice, `triton_backend._gradient_stride`), the buffer takes the
+    tables' own layout, (H, bands, B, band, DW) with DW the band's N' + band + 1 cells rounded up: row r of a
+    band holds partner j at cell band + j - r, every cell of it written here or by the loop (no end cells: no
+    visible pair is saturated, and a hidden one stores its zero like any other). At v3's N = 512 and 64-row
+    bands that is 592 cells a row where one band needs 1040. The offsets inside a program's rows stay 32-bit
+    (``band`` int32): with a 64-bit one the cells' addresses went 64-bit and dQ took 217 registers a thread
+    for 168 (sm_90, 64×32 w4, Triton 3.9)."""
+    offset = _head_major(bh, H, B, N) * DW
+    sat = SAT
+    off = SAT
+    first = 1
+    last = 2 * SAT - 1
+    ends = N
+    if DIST:
+        # in bands where the caller chose them: the tables in bands and a banded row narrower than one band's
+        # (`triton_backend._gradient_stride`), which the row stride it passed tells
+        banded = (LOG2_BAND < _ONE_BAND) & (DW < tl.cdiv(2 * SAT + 1, DIST_ALIGN) * DIST_ALIGN)
+        band = 1 << tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # (int32: the cells' offsets stay 32-bit)
+        index = start >> tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # the band of the program's block
+        band_start = index * band
+        rows = (((bh % H) * tl.cdiv(N, band) + index) * B + bh // H).to(tl.int64) * band - band_start
+        in_bands = rows * DW
+        offset = tl.where(banded, in_bands, offset)
+        sat = tl.where(banded, _BIG, SAT)
+        off = tl.where(banded, band + band_start, SAT)
+        first = tl.where(banded, 0, 1)
+        last = tl.where(banded, DW - 1, 2 * SAT - 1)
+        ends = tl.where(banded, 0, N)
+    return offset, sat, off, first, last, ends
 
 
 @triton.jit
@@ -787,14 +839,14 @@ def _fwd_kernel(
 def _dq_keys(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
-    log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
+    log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
     KIND: tl.constexpr,
 ):  # fmt: skip
     """dQ's content part and the rows' table gradients over the key blocks from ``start`` to ``end`` (tiles of
-    one KIND)."""
+    one KIND). ``gsat``, ``goff``: the rows' gradient cells (`_grad_rows`)."""
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
@@ -810,8 +862,8 @@ def _dq_keys(
         dq += _mm(ds.to(k.dtype), k, PREC)
         if HAS_ROW:
             far_l, far_r = _table_grad(
-                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
-                1, IJ, KIND,
+                DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, gsat, goff,
+                DW, 1, IJ, KIND,
             )  # fmt: skip
     return dq, far_l, far_r
 
@@ -880,7 +932,6 @@ def _dq_kernel(
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
     q_off = bh.to(tl.int64) * NQ
-    q_tab = _head_major(bh, H, B, NQ)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
@@ -890,7 +941,10 @@ def _dq_kernel(
     LSE += q_off
     DELTA += q_off
     ROW += _table_offset(bh, H, B, NQ, R, LOG2_BAND, DIST)
-    DQ_DIST += q_tab * DW
+    q_grad, gsat, goff, first, last, ends = _grad_rows(
+        bh, H, B, NQ, SAT, DW, LOG2_BAND, pid_m * BLOCK_M, DIST
+    )
+    DQ_DIST += q_grad
     K += k_base
     V += k_base
     COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
@@ -925,7 +979,7 @@ def _dq_kernel(
     if HAS_ROW and IJ:
         # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
-        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, SAT, DW, BLOCK_M, BLOCK_N)
+        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, goff, first, last, DW, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -944,28 +998,29 @@ def _dq_kernel(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
-            log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
+            log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
             DROPOUT, kinds[run],
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:
-        # a query row's cells run by j - i: its right side (i - j >= SAT) is cell 0
-        _store_row_ends(DQ_DIST, offs_m, m_in, far_r, far_l, SAT, DW, BLOCK_M)
+        # a query row's cells run by j - i: its right side (i - j >= SAT) is cell 0 (none in bands: `_grad_rows`)
+        _store_row_ends(DQ_DIST, offs_m, offs_m < ends, far_r, far_l, SAT, DW, BLOCK_M)
 
 
 @triton.jit
 def _dkv_queries(
     dk, dv, far_l, far_r, start, end, k, v, offs_n, n_in, start_n, offs_d,
     Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
-    end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale,
+    end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale, gsat, goff,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
     KIND: tl.constexpr,
 ):  # fmt: skip
     """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
-    (tiles of one KIND). ``row_step``: ROW's `_band_step`."""
+    (tiles of one KIND). ``row_step``: ROW's `_band_step`; ``gsat``, ``goff``: the columns' gradient cells
+    (`_grad_rows`)."""
     # a far run's dS, summed over the queries at its end
     far_ds = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for start_m in range(start, end, BLOCK_M):
@@ -1005,8 +1060,8 @@ def _dkv_queries(
                 far_ds += ds
             else:
                 far_l, far_r = _table_grad(
-                    DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, SAT, DW,
-                    0, IJ, KIND,
+                    DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, gsat, goff,
+                    DW, 0, IJ, KIND,
                 )  # fmt: skip
     if HAS_COL:
         if KIND == _FAR_LEFT:
@@ -1079,7 +1134,6 @@ def _dkv_kernel(
     pid_n, bh = _block_and_head(NK, BLOCK_N)
     b = bh // H
     q_off = bh.to(tl.int64) * NQ
-    k_tab = _head_major(bh, H, B, NK)
     q_base = b.to(tl.int64) * SQB + (bh % H).to(tl.int64) * SQH  # this (b, h)'s rows of the query side
     k_base = b.to(tl.int64) * SKB + (bh % H).to(tl.int64) * SKH  # and of the key side
     Q += q_base
@@ -1093,7 +1147,10 @@ def _dkv_kernel(
     DV += k_base
     COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
-    DK_DIST += k_tab * DW
+    k_grad, gsat, goff, first, last, ends = _grad_rows(
+        bh, H, B, NK, SAT, DW, LOG2_BAND, pid_n * BLOCK_N, DIST
+    )
+    DK_DIST += k_grad
     QPOS += b * NQ
     QSEG += b * NQ
     KPOS += b * NK
@@ -1114,7 +1171,7 @@ def _dkv_kernel(
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_COL and IJ:  # before the loop, as in the dQ kernel
-        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, SAT, DW, BLOCK_N, BLOCK_M)
+        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, goff, first, last, DW, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
@@ -1137,11 +1194,11 @@ def _dkv_kernel(
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,
             Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
-            end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale,
+            end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale, gsat, goff,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
             DROPOUT, kinds[run],
         )  # fmt: skip
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
     if HAS_COL:
-        _store_row_ends(DK_DIST, offs_n, n_in, far_l, far_r, SAT, DW, BLOCK_N)
+        _store_row_ends(DK_DIST, offs_n, offs_n < ends, far_l, far_r, SAT, DW, BLOCK_N)

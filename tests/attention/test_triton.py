@@ -927,6 +927,9 @@ BANDED_GRID = {
     "wide_p2c_only": Case(n=45, rel=WIDE, terms=PositionTerms(c2p=False, p2c=True)),
     "wide_d64_heads2": Case(n=40, heads=2, dim=64, rel=WIDE),
     "wide_d128_causal": Case(n=34, dim=128, rel=WIDE, causal=True),
+    # a packed row longer than the saturation (8) of sequences shorter than it: no visible pair is far, hidden
+    # ones are; in the bands' gradient buffers their cells lie inside the rows and must hold zeros
+    "clamp_packed_past_saturation": Case(n=48, rel=CLAMP, cu_seqlens=(0, 8, 15, 23, 30, 38, 46, 48)),
 }
 
 
@@ -977,6 +980,90 @@ def test_banded_distance_tables_match_eager_bfloat16(monkeypatch, name):
     bands = _distance_bands(monkeypatch, 16)
     _compare(BANDED_GRID[name], torch.bfloat16, DEVICE)
     assert bands == [16, 16], bands
+
+
+# whether the case's gradient buffers come in bands: the sequences' reach (its saturation as cut to the
+# longest sequence, `_lut`) against the band's rows
+GRADIENT_BANDS = {
+    "wide_n64": True,
+    "wide_padding": True,
+    "wide_packed_causal": False,
+    "clamp_packed_past_saturation": False,
+}
+
+
+@pytest.mark.parametrize("name", GRADIENT_BANDS)
+def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name):
+    """Where the distance tables are in bands the backward's distance-space gradients are too, if that makes
+    their rows narrower than one band's 2·sat + 1 cells: each buffer (H, bands, B, band, DW) in its table's
+    layout, DW the band's cells rounded up to `DIST_ALIGN` (at v3's N = 512, 592 against 1040), folded per band
+    through the tables' own cells; no cell of a row left unwritten (the buffers start as NaN in the tests) and
+    the gradients eager's. Rows of a packed row whose sequences are short stay in one band: at a saturation of 8
+    (CLAMP) 32 cells against the bands' 80; at WIDE's cut to the longest sequence (33), 80 against 96."""
+    c = BANDED_GRID[name]
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, 16)
+    buffers, folds, strides = [], [], []
+    real_buffer, real_fold = triton_backend._distance_buffer, triton_backend._fold_bands
+    real_stride = triton_backend._gradient_stride
+
+    def buffer(heads, rows, stride, *args):
+        buffers.append((heads, rows, stride))
+        return real_buffer(heads, rows, stride, *args)
+
+    def fold(dist, table, content, cells, *args):
+        folds.append(tuple(cells.shape))
+        return real_fold(dist, table, content, cells, *args)
+
+    def stride(sat, band, cells):
+        strides.append((sat, band, cells.shape[2]))
+        return real_stride(sat, band, cells)
+
+    monkeypatch.setattr(triton_backend, "_distance_buffer", buffer)
+    monkeypatch.setattr(triton_backend, "_fold_bands", fold)
+    monkeypatch.setattr(triton_backend, "_gradient_stride", stride)
+    _compare(c, torch.float32, DEVICE)
+    band = bands[0]
+    padded = triton_backend.triton_cdiv(c.n, band) * band
+    [(sat, told, cells)] = strides
+    assert band == told == 16 and cells == padded + band + 1
+    banded, one = triton_backend._aligned(cells), triton_backend._distance_stride(sat)
+    assert (banded < one) == GRADIENT_BANDS[name]
+    if GRADIENT_BANDS[name]:
+        assert buffers == [(c.heads, c.batch * padded, banded)] * 2
+        assert folds == [(padded // band, cells)] * 2
+    else:
+        assert buffers == [(c.heads, c.batch * c.n, one)] * 2 and folds == []
+
+
+def test_gradients_in_one_band_when_asked(monkeypatch):
+    """`GRADIENT_BANDS` off (the benchmark's row "triton (gradients in one band)"): banded tables, gradient
+    buffers of one band's rows at 2·sat + 1 cells rounded up, the gradients eager's all the same."""
+    c = BANDED_GRID["wide_padding"]
+    _near_band(monkeypatch, "distance")
+    bands = _distance_bands(monkeypatch, 16)
+    monkeypatch.setattr(triton_backend, "GRADIENT_BANDS", False)
+    strides = []
+    real = triton_backend._distance_buffer
+
+    def buffer(heads, rows, stride, *args):
+        strides.append(stride)
+        return real(heads, rows, stride, *args)
+
+    monkeypatch.setattr(triton_backend, "_distance_buffer", buffer)
+    _compare(c, torch.float32, DEVICE)
+    assert bands == [16, 16] and len(strides) == 2
+    assert (
+        strides[0] == strides[1] > triton_backend._aligned(64 + 16 + 1)
+    )  # one band's: wider than the bands'
+
+
+def test_v3_gradient_rows_in_bands_at_512():
+    """At v3's N = 512 with the GPU's tiles (64-row bands) a banded gradient row is 592 cells against 1040."""
+    tiles = [triton_backend.Tiles(64, 32, 4, 2)] * 3
+    band, bands, cells = triton_backend._distance_layout(512, 512, 512, tiles, False, 64, 32)
+    assert (band, bands, cells) == (64, 8, 577)
+    assert triton_backend._aligned(cells) == 592 and triton_backend._distance_stride(512) == 1040
 
 
 def test_banded_distance_tables_with_dropout(monkeypatch):
@@ -2606,8 +2693,9 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
-    """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables and with
-    the product kernel's two variants, and the kernels without position terms, with its time split by kernel (summing to the row's time); ``--impls``
+    """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, with
+    the product kernel's two variants and with its gradients in one band, and the kernels without position
+    terms, with its time split by kernel (summing to the row's time); ``--impls``
     keeps only the named rows of ``attention``."""
     import json
 
@@ -2627,6 +2715,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (cuBLAS tables)",
         "triton (product TMA stores)",
         "triton (product row loop)",
+        "triton (gradients in one band)",
         "triton (no position terms)",
     ]
     for r in profiled:
