@@ -343,22 +343,20 @@ def _attention_rows(
 
         candidates[name] = (run, leaves, grad)
     if "triton" in candidates:
-        for row, mode in NEAR_BAND_ROWS.items():
-            candidates[row] = (_with_backend_settings(candidates["triton"][0], NEAR_BAND=mode), leaves, grad)
-        three_runs = _with_backend_settings(candidates["triton"][0], ONE_NEAR_RUN=False)
-        candidates[THREE_RUNS_ROW] = (three_runs, leaves, grad)
-        cublas = _with_backend_settings(candidates["triton"][0], DISTANCE_PRODUCT="cublas")
-        candidates[CUBLAS_TABLES_ROW] = (cublas, leaves, grad)
-        tma = _with_backend_settings(candidates["triton"][0], PRODUCT_STORES="tma")
-        candidates[PRODUCT_TMA_ROW] = (tma, leaves, grad)
-        row_loop = _with_backend_settings(candidates["triton"][0], PRODUCT_PROGRAMS="rows")
-        candidates[PRODUCT_ROWS_ROW] = (row_loop, leaves, grad)
-        one_band = _with_backend_settings(candidates["triton"][0], GRADIENT_BANDS=False)
-        candidates[ONE_BAND_GRADIENTS_ROW] = (one_band, leaves, grad)
         from debertakit.attention import triton_backend
 
-        through_op = _with_backend_settings(candidates["triton"][0], _attention=triton_backend._fwd_op)
-        candidates[CUSTOM_OP_ROW] = (through_op, leaves, grad)
+        # the default road with one setting of `triton_backend` changed for the call
+        changed = {
+            **{row: dict(NEAR_BAND=mode) for row, mode in NEAR_BAND_ROWS.items()},
+            THREE_RUNS_ROW: dict(ONE_NEAR_RUN=False),
+            CUBLAS_TABLES_ROW: dict(DISTANCE_PRODUCT="cublas"),
+            PRODUCT_TMA_ROW: dict(PRODUCT_STORES="tma"),
+            PRODUCT_ROWS_ROW: dict(PRODUCT_PROGRAMS="rows"),
+            ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
+            CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
+        }
+        for row, settings in changed.items():
+            candidates[row] = (_with_backend_settings(candidates["triton"][0], **settings), leaves, grad)
         # one geometry for every call, as a model's layers share theirs
         candidates[SHARED_GEOMETRY_ROW] = (
             functools.partial(candidates["triton"][0], shared=Geometry()),

@@ -401,6 +401,12 @@ def _band_major(heads: Tensor, batch: int, n: int, band: int, bands: int) -> Ten
     return rows.view(H, batch, bands, -1, d).transpose(1, 2).reshape(H * bands, -1, d)
 
 
+def _cell_rows(table: Tensor, cells: Tensor) -> Tensor:
+    """The (H, R, d) position table's rows that each band's cells stand for, (H·bands, cells, d): what a
+    band's distance-table row (or gradient row) meets in its matmul."""
+    return table[:, cells].flatten(0, 1)
+
+
 def _pad_rows(heads: Tensor, batch: int, n: int, padded: int) -> Tensor:
     """(H, B·N, d) rows per head as (H, B·N', d), each batch row's N rows followed by zero rows up to
     N' = ``padded`` (a copy only when N' > N)."""
@@ -479,10 +485,8 @@ def _band_product(
     odd row stride where cuBLAS ran a one-element-aligned kernel."""
     if _product_kernel_serves(heads, table, cells):
         return _kernel_band_product(heads, table, cells, batch, n, band, alpha, slack)
-    H, d = heads.shape[0], heads.shape[2]
-    bands, width = cells.shape
-    a = _band_major(heads, batch, n, band, bands)
-    b = table[:, cells].reshape(H * bands, width, d).transpose(-1, -2)
+    a = _band_major(heads, batch, n, band, cells.shape[0])
+    b = _cell_rows(table, cells).transpose(-1, -2)
     return _scaled_product(a, b, alpha, heads.dtype, slack, lead=band > 0)
 
 
@@ -1116,8 +1120,8 @@ def _fold_bands(
     bands, width = cells.shape
     # the rows' cells at their aligned stride: cuBLAS reads them in place
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])[..., :width]
-    rows = table[:, cells].reshape(H * bands, width, d)
-    into = _matmul_f32(per_band, rows).view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
+    product = _matmul_f32(per_band, _cell_rows(table, cells))  # (H·bands, B·band, d)
+    into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
     whole = n // band  # the bands of real rows only; the last one's padding rows are not added
     grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
     if whole < bands:
