@@ -26,7 +26,9 @@ Sections (all bfloat16 on one CUDA device):
    (`triton_backend.DISTANCE_PRODUCT` "cublas", one-element aligned at their odd row stride) instead of
    `triton_products`' kernel; ``triton (product TMA stores)`` is ``triton`` with that kernel's inner blocks
    stored through a tensor descriptor (`triton_backend.PRODUCT_STORES` "tma"), ``triton (product row loop)``
-   with one program per row block running over its column blocks (`triton_backend.PRODUCT_PROGRAMS` "rows").
+   with one program per row block running over its column blocks (`triton_backend.PRODUCT_PROGRAMS` "rows"),
+   ``triton (product edges masked)`` with each row's first and last block stored element by element
+   (`triton_backend.PRODUCT_EDGES` "masked").
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -352,6 +354,7 @@ def _attention_rows(
             CUBLAS_TABLES_ROW: dict(DISTANCE_PRODUCT="cublas"),
             PRODUCT_TMA_ROW: dict(PRODUCT_STORES="tma"),
             PRODUCT_ROWS_ROW: dict(PRODUCT_PROGRAMS="rows"),
+            PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
@@ -429,6 +432,9 @@ PRODUCT_TMA_ROW = "triton (product TMA stores)"
 # `triton` with one product-kernel program per row block, its column blocks in a pipelined loop
 # (`triton_backend.PRODUCT_PROGRAMS` "rows", at `PRODUCT_ROW_TILES`), against one program per block
 PRODUCT_ROWS_ROW = "triton (product row loop)"
+# `triton` with the product kernel's row ends stored element by element (`triton_backend.PRODUCT_EDGES`
+# "masked", the default before 2026-11-27), against the default's 16-byte stores throughout ("wrap")
+PRODUCT_MASKED_EDGES_ROW = "triton (product edges masked)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
@@ -455,6 +461,7 @@ def attention_row_names() -> list[str]:
         CUBLAS_TABLES_ROW,
         PRODUCT_TMA_ROW,
         PRODUCT_ROWS_ROW,
+        PRODUCT_MASKED_EDGES_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
@@ -658,8 +665,8 @@ def profile_kernels(fn: Callable[[], object], device: str) -> dict:
 
 
 def profile_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The `triton` rows of ``attention`` (each near-band road, the product kernel's variants, the gradients in
-    one band, and the kernels without position terms) with
+    """The `triton` rows of ``attention`` (each near-band road, the product kernel's variants, its rows' ends
+    masked, the gradients in one band, and the kernels without position terms) with
     their GPU time split by kernel: how much is the fused kernels and how much the work around them (the N×R
     tables, FAR, copies)."""
 
@@ -671,6 +678,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             CUBLAS_TABLES_ROW,
             PRODUCT_TMA_ROW,
             PRODUCT_ROWS_ROW,
+            PRODUCT_MASKED_EDGES_ROW,
             ONE_BAND_GRADIENTS_ROW,
             PLAIN_ROW,
         )
@@ -1271,6 +1279,7 @@ def environment(device: str) -> dict:
         "distance_product": triton_backend.DISTANCE_PRODUCT,
         "product_stores": triton_backend.PRODUCT_STORES,  # the product kernel's inner blocks (--product-stores)
         "product_programs": triton_backend.PRODUCT_PROGRAMS,  # and its programs (--product-programs)
+        "product_edges": triton_backend.PRODUCT_EDGES,  # and its rows' ends
     }
     for mod in ("triton", "transformers", "flashdeberta"):
         env[mod] = _version(mod)

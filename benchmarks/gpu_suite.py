@@ -9,8 +9,8 @@ each step's cap and what it decides):
    Compute, the commit and the kernels' code hash;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
-   kernel's inner blocks stored through a tensor descriptor (``triton (product TMA stores)``), with its
-   programs looping over a row block's columns (``triton (product row loop)``) and with one
+   kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
+   gradients in one band (``triton (gradients in one band)``), through the custom op, and with one
    geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
    skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
@@ -87,7 +87,8 @@ from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
-# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with the backward's
+# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's rows'
+# ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what storing them whole saves), with the backward's
 # gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512; the product
 # kernel's two variants, timed on an H200 and not faster, are left to the profile step), with one geometry for
 # all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
@@ -95,6 +96,7 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 ROADS = [
     "triton",
     "triton (cuBLAS tables)",
+    "triton (product edges masked)",
     "triton (gradients in one band)",
     "triton (through the custom op)",
     "triton (geometry shared)",

@@ -269,7 +269,13 @@ PRODUCT_ALIGNED = {
 
 
 def compile_product_kernel(
-    dtype: str, head_dim: int, tiles: Tiles, capability: int = 90, tma: bool = False, row_loop: bool = False
+    dtype: str,
+    head_dim: int,
+    tiles: Tiles,
+    capability: int = 90,
+    tma: bool = False,
+    row_loop: bool = False,
+    wrap: bool = True,
 ) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
     reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
@@ -295,6 +301,7 @@ def compile_product_kernel(
         PREC=1 if dtype == "fp32" else 0,
         TMA=tma,
         ROW_LOOP=row_loop,
+        WRAP=wrap,
     )
     if not tma:
         constexprs["OUT_DESC"] = None  # what the launch passes without descriptor

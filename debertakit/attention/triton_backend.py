@@ -523,6 +523,14 @@ PRODUCT_STORES = "pointers"
 # "blocks" stays the default.
 PRODUCT_PROGRAMS_MODES = ("blocks", "rows")
 PRODUCT_PROGRAMS = "blocks"
+# How the product kernel stores the ends of each row (`triton_products`): "wrap", 16 bytes at a time like the
+# rest, the cells a block reaches outside its row computed for the row they belong to (each cell written once),
+# or "masked", element by element, the cells outside the row left out. A table is contiguous, so row m's cells
+# -s … -1 are row m - 1's last ones; with "masked" the first and last block of every row stored element by
+# element: 10% of the blocks at N = 2048, 20% at 512, 40% at 64×256 tiles, which ran the forward at 2048 in 1.70
+# ms against 1.28 at 64×64 (H200, `benchmarks/results/attention_gpu_h200_7974afd_tiles_product.json`).
+PRODUCT_EDGES_MODES = ("wrap", "masked")
+PRODUCT_EDGES = "wrap"
 # the tiles of "rows": PRODUCT_TILES' shape with three stages (one would leave the loop's loads unpipelined;
 # with three Triton loads the table rows by asynchronous copies). Compiles for sm_90 without spills at head dims
 # 16 to 128 under Triton 3.6 and 3.9 (tests/attention/compile_triton_kernels.py)
@@ -594,10 +602,13 @@ def _kernel_band_product(
     cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
     _check_mode("PRODUCT_PROGRAMS", PRODUCT_PROGRAMS, PRODUCT_PROGRAMS_MODES)
     _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
+    _check_mode("PRODUCT_EDGES", PRODUCT_EDGES, PRODUCT_EDGES_MODES)
     row_loop = PRODUCT_PROGRAMS == "rows"
     t = PRODUCT_ROW_TILES if row_loop else PRODUCT_TILES
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
     tma = _tma_stores(heads, m, vec)
+    # "wrap" reads row m - 1 as the token before row m's: rows per band a multiple of vec (always, as laid out)
+    wrap = PRODUCT_EDGES == "wrap" and per_band % vec == 0
     blocks = triton_cdiv(m, vec * t.block_m) * vec  # row blocks, each of one residue
     if not row_loop:
         blocks *= triton_cdiv(width - 1 + vec, t.block_n)  # and column blocks
@@ -623,6 +634,7 @@ def _kernel_band_product(
         PREC=_precision(heads),
         TMA=tma,
         ROW_LOOP=row_loop,
+        WRAP=wrap,
         **_launch(t),
     )
     return flat

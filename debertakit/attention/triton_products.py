@@ -23,10 +23,21 @@ element by element, each with its own 64-bit address: on an H100 the two tables 
 (`benchmarks/results/attention_ncu_h100.md`). Here a program's rows instead share their residue s modulo VEC (the
 elements in 16 bytes): rows ``group + s + VEC·i``, each starting at cell ``pid_n·BLOCK_N - s``. Every row's
 first element then lies at ``m·R + group + VEC·i + pid_n·BLOCK_N`` from the table's start, a multiple of VEC
-that Triton can see, and the block's inner tiles (no cell outside 0 … R) store 16 bytes at a time; the first and
-last tile of each row mask their cells and store elements (a block reaches up to VEC - 1 cells left of 0, so
-there are ``cdiv(R + VEC, BLOCK_N)`` blocks a row). The column blocks run fastest in the launch grid, so that
-the programs writing one row's cells run together.
+that Triton can see, and the block's inner tiles (no cell outside 0 … R) store 16 bytes at a time (a block
+reaches up to VEC - 1 cells left of 0, so there are ``cdiv(R + VEC, BLOCK_N)`` blocks a row). The column blocks
+run fastest in the launch grid, so that the programs writing one row's cells run together.
+
+The rows' ends (``WRAP``, `triton_backend.PRODUCT_EDGES` "wrap"). The first and last block of a row reach cells
+outside it. Masking those cells leaves a mask that changes within 16 bytes, so those blocks stored element by
+element ("masked"): 10% of the blocks at N = 2048, 20% at 512. But the table has no gaps: row m's cell -1 is
+row m - 1's cell R. So the flat table is cut at multiples of VEC instead: row m (residue s) owns its block
+columns s + e below R, or below R + VEC for the last residue. Those are cells -s … R - s - 1, or -s … R, and
+the next row's part starts where that ends. Every cut is a multiple of VEC from the table's start, so each
+block's store mask is constant along 16 bytes. A row's first block computes its cells -s … -1 for the row they
+belong to: the products of row m - 1 with the table rows of cells R + 1 - s … R. Row m - 1 is token - 1 of
+the same batch row, as rows per band are a multiple of VEC. These products go into the same accumulator: each
+column's table rows are zeros in one of the two dots. No cell is written twice, and each is the same dot over
+the head dim that the row's own program would compute.
 
 Tensor-memory stores (``TMA``, `triton_backend.PRODUCT_STORES` "tma", Hopper and later). A pointer store
 computes an address per 16 bytes, and integer work is much of what the kernel waits on: at N = 512 on an H100
@@ -37,7 +48,8 @@ and every stride a multiple of 16 bytes (R is a multiple of 16; (R + 1)·VEC ele
 So the table is the 4-D tensor (head·band, residue, i, column) that ``OUT_DESC`` describes, and an inner block
 is one box of it, [hb, s, group / VEC, pid_n·BLOCK_N], stored by the tensor-memory unit from shared memory in
 one instruction; the descriptor's row count (M / VEC: M is a multiple of VEC) stops rows past M. The first and
-last block of each row keep the masked stores: their cells outside 0 … R belong to the rows beside theirs.
+last block of each row keep the pointer stores, as above: their cells outside 0 … R belong to the rows beside
+theirs.
 
 Row loops (``ROW_LOOP``, `triton_backend.PRODUCT_PROGRAMS` "rows"). A program of one block loads its rows of q /
 k, the cells and the table rows, multiplies once and stores: nothing hides the loads' latency but other
@@ -53,8 +65,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from debertakit.attention.triton_kernels import _mm  # a @ b by PREC, as the attention kernels multiply
 
 
 @triton.jit
@@ -81,6 +91,7 @@ def _distance_product_kernel(
     PREC: tl.constexpr,
     TMA: tl.constexpr,  # inner blocks stored through OUT_DESC
     ROW_LOOP: tl.constexpr,  # a program per row block, its column blocks in a loop (see below)
+    WRAP: tl.constexpr,  # every cell stored 16 bytes at a time, the row ends by the rows they belong to (above)
 ):
     # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short); with
     # ROW_LOOP one program per row block, which reads its rows of q / k once and runs over the row's column
@@ -100,51 +111,92 @@ def _distance_product_kernel(
     m = group + s + step
     token = band * LB + m % LB
     real = (m < M) & (token < N)  # rows past N (the padding up to whole bands / N') are zeros
-    x = tl.load(
+    xs = (
         X
         + h.to(tl.int64) * stride_xh
         + ((m // LB) * N + token).to(tl.int64)[:, None] * stride_xr
-        + d[None, :],
-        mask=real[:, None],
-        other=0.0,
-    )  # (BLOCK_M, D)
+        + d[None, :]
+    )
+    x = tl.load(xs, mask=real[:, None], other=0.0)  # (BLOCK_M, D)
+    # with WRAP, rows m - 1 for the first column block when s > 0 (as LB is a multiple of VEC, row m - 1 is
+    # token - 1 of the same batch row): loaded there, and only there
+    xp, prev_in = xs - stride_xr, (m <= M) & (token <= N)
     T += h.to(tl.int64) * stride_th
     CELLS += band * (R + 1)
     if ROW_LOOP:
         for pid_n in tl.range(0, col_blocks):
-            _block(x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
-                   BLOCK_M, BLOCK_N, VEC, PREC, TMA)  # fmt: skip
+            _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
+                   BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP)  # fmt: skip
     else:
-        _block(x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
-               tl.program_id(0) % col_blocks, d, BLOCK_M, BLOCK_N, VEC, PREC, TMA)  # fmt: skip
+        _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
+               tl.program_id(0) % col_blocks, d, BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP)  # fmt: skip
 
 
 @triton.jit
 def _block(
-    x, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
+    x, XP, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    WRAP: tl.constexpr,
 ):  # fmt: skip
-    """Column block ``pid_n`` of the rows ``m`` (residue ``s``, rows of q / k ``x``): the products with the
-    table rows its cells stand for (T and CELLS at the head's and the band's start), stored."""
+    """Column block ``pid_n`` of the rows ``m`` (residue ``s``, rows of q / k ``x``; ``XP``, ``prev_in``: the pointers
+    and mask of rows m - 1): the products with the table rows its cells stand for (T and CELLS at the head's and the
+    band's start), stored."""
     # the block's cells, shifted by the residue, and the table rows they stand for
     first = pid_n * BLOCK_N - s
-    e = first + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, BLOCK_N)
+    e = first + j
     in_row = (e >= 0) & (e <= R)
-    rows = tl.load(CELLS + e, mask=in_row, other=0)
-    t = tl.load(T + rows[:, None] * stride_tr + d[None, :], mask=in_row[:, None], other=0.0)  # (BLOCK_N, D)
-
-    acc = (_mm(x, tl.trans(t), PREC) * alpha).to(OUT.dtype.element_ty)  # (BLOCK_M, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if WRAP:
+        if first < 0:  # cells -s … -1 are row m - 1's cells R + 1 - s … R: its products with those table rows
+            before = e < 0
+            t = _table_rows(T, CELLS + (R + 1) + e, before, stride_tr, d)
+            x_prev = tl.load(XP, mask=prev_in[:, None], other=0.0)
+            acc = _mm_add(x_prev, tl.trans(t), acc, PREC)
+    # into the same accumulator (one live in registers): each column's products are zeros in one of the two
+    # dots (its table rows loaded as zeros), and adding zeros leaves a sum as it was
+    acc = _mm_add(
+        x, tl.trans(_table_rows(T, CELLS + e, in_row, stride_tr, d)), acc, PREC
+    )  # (BLOCK_M, BLOCK_N)
+    # no cell outside the row, so every cell the row's own (R and BLOCK_N are multiples of 16: see above)
+    whole = (first >= 0) & (first + BLOCK_N - 1 <= R)
+    if WRAP:  # the cells row m owns: columns s + e below R (R + VEC for the last residue), VEC-aligned
+        owned = j < R + VEC * (s // (VEC - 1)) - pid_n * BLOCK_N
+    else:
+        owned = in_row
+    acc = (acc * alpha).to(OUT.dtype.element_ty)
     # m·(R + 1) + e = m·R + (group + VEC·i) + pid_n·BLOCK_N + j: all but j multiples of VEC
     start = hb.to(tl.int64) * M * (R + 1) + group + pid_n * BLOCK_N
-    out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + tl.arange(0, BLOCK_N)[None, :]
+    out = OUT + start + (m.to(tl.int64) * R + step)[:, None] + j[None, :]
     rows_in = (m < M)[:, None]
-    inner = (first >= 0) & (first + BLOCK_N - 1 <= R)  # no cell outside the row: a mask constant along it
     if TMA:  # decided at compile time: without it the kernel has no descriptor to name
-        if inner:  # one box of rows of residue s (the descriptor's row count stops those past M)
+        if whole:  # one box of rows of residue s (the descriptor's row count stops those past M)
             OUT_DESC.store([hb, s, group // VEC, pid_n * BLOCK_N], acc.reshape(1, 1, BLOCK_M, BLOCK_N))
         else:
-            tl.store(out, acc, mask=rows_in & in_row[None, :])
-    elif inner:  # 16-byte stores
+            tl.store(out, acc, mask=rows_in & owned[None, :])
+    elif WRAP:  # 16-byte stores: the mask is constant along VEC cells
+        tl.store(out, acc, mask=rows_in & owned[None, :])
+    elif whole:  # 16-byte stores
         tl.store(out, acc, mask=rows_in)
     else:
         tl.store(out, acc, mask=rows_in & in_row[None, :])
+
+
+@triton.jit
+def _mm_add(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b, float32, by PREC as `triton_kernels._mm` multiplies (2: operands widened to float32 for the
+    interpreter, whose bfloat16 ``tl.dot`` is wrong)."""
+    if PREC == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif PREC == 1:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _table_rows(T, CELLS, cells_in, stride_tr, d):
+    """(cells, D): the position-table rows that the cells at ``CELLS`` (those of ``cells_in``) stand for, zeros
+    for the others."""
+    rows = tl.load(CELLS, mask=cells_in, other=0)
+    return tl.load(T + rows[:, None] * stride_tr + d[None, :], mask=cells_in[:, None], other=0.0)

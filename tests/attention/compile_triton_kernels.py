@@ -170,19 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
     # both ways of storing the inner blocks (`triton_backend.PRODUCT_STORES`)
-    # and both kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop)
-    products, scalar_stores, no_tma, no_loop = [], [], [], []
+    # and both kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop), the rows'
+    # ends stored both ways (`PRODUCT_EDGES`: "wrap" has no element store left)
+    products, scalar_stores, element_stores, no_tma, no_loop = [], [], [], [], []
     shapes = [(PRODUCT_TILES, False), (PRODUCT_ROW_TILES, True)]
     if args.product_sweep:
         shapes += _product_sweep()
-    for (tiles, row_loop), dtype, head_dim, tma in itertools.product(
-        shapes, ("bf16", "fp16"), (16, 32, 64, 128), (False, True)
+    for (tiles, row_loop), dtype, head_dim, tma, wrap in itertools.product(
+        shapes, ("bf16", "fp16"), (16, 32, 64, 128), (False, True), (True, False)
     ):
-        c = compile_product_kernel(dtype, head_dim, tiles, tma=tma, row_loop=row_loop)
+        c = compile_product_kernel(dtype, head_dim, tiles, tma=tma, row_loop=row_loop, wrap=wrap)
         n += 1
         name = (
             f"_distance_product_kernel {dtype} d{head_dim} {tiles}{' tma' if tma else ''}"
-            f"{' row loop' if row_loop else ''}"
+            f"{' row loop' if row_loop else ''}{'' if wrap else ' masked edges'}"
         )
         print(f"{name}: {c}")
         if row_loop and len(c.tile_loops) != 1:  # the loop over the row's column blocks, one
@@ -193,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             products.append(name)
         if not tma and not c.ops["STG.128"]:  # the inner tiles' 16-byte stores (`triton_products`)
             scalar_stores.append(f"{name}: {c.ops}")
+        if wrap and c.ops["STG"] != c.ops["STG.128"]:  # every store 16 bytes, the rows' ends too
+            element_stores.append(f"{name}: {c.ops}")
         if tma and not c.ops["TMA"]:  # the inner tiles' tensor-memory stores
             no_tma.append(f"{name}: {c.ops}")
     premise = [] if args.all else tensor_cores_from_sm80()
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tensor cores not where triton_backend.TRITON_TENSOR_CORES says", premise),
         ("distance-table products without tensor-core instructions", products),
         ("distance-table products without 16-byte stores", scalar_stores),
+        ("distance-table products storing elements where the rows' ends wrap", element_stores),
         ("distance-table products with TMA stores asked for and none compiled", no_tma),
         ("distance-table products of a row loop without one loop", no_loop),
     )

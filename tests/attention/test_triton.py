@@ -1320,6 +1320,7 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
         assert kwargs["TMA"] == (stores == "tma")
         assert (args[4] is None) == (stores != "tma")  # OUT_DESC
         assert kwargs["ROW_LOOP"] == (programs == "rows")
+        assert kwargs["WRAP"]  # the default `PRODUCT_EDGES`: the rows' ends stored 16 bytes at a time
     # with bands the zeros before the table end where it starts, LEAD_ALIGN-aligned: its pointer is 16-byte
     # aligned, as the kernels' vector loads and stores need (`_product_buffer`)
     lead = (
@@ -1338,6 +1339,36 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
         other = torch.float32 if dtype != torch.float32 else torch.bfloat16
         triton_backend._band_product(heads, table.to(other), cells, B, n, band, 0.7, slack)
     assert launches == {}
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("name", list(PRODUCT_GRID))
+@pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
+def test_product_edges_masked_write_the_wrapped_table(monkeypatch, name, programs):
+    """`PRODUCT_EDGES` "masked" (each row's first and last block stored element by element, the cells outside
+    the row left out) and the default "wrap" (those cells computed for the row they belong to: row m's cells
+    -s … -1 are row m - 1's last, every store 16 bytes) write the same table, bit for bit, every cell written
+    (the poison). The launch says which it ran."""
+    from debertakit.attention.triton_access import record_run
+
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+    tables = {}
+    for edges in triton_backend.PRODUCT_EDGES_MODES:
+        monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", edges)
+        with record_run("triton_products.py") as (_, launches):
+            tables[edges] = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+        assert launches["_distance_product_kernel"][1]["WRAP"] == (edges == "wrap")
+    assert not tables["wrap"].isnan().any()
+    assert torch.equal(tables["wrap"], tables["masked"])
+
+
+def test_product_edges_mode_is_checked(monkeypatch):
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", "wrapped")
+    with pytest.raises(ValueError, match=r"PRODUCT_EDGES must be one of \('wrap', 'masked'\), got 'wrapped'"):
+        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
@@ -1391,22 +1422,24 @@ def test_distance_product_mode_is_checked(monkeypatch):
 @pytest.mark.parametrize("name", ["n70_saturating", "packed"])
 def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name):
     """A bfloat16 call on the distance road (its tables from the product kernel, forward and backward) with
-    both variants on (`PRODUCT_PROGRAMS` "rows", `PRODUCT_STORES` "tma", the descriptor passed) gives the
-    default's output and gradients bit for bit."""
+    every variant on (`PRODUCT_PROGRAMS` "rows", `PRODUCT_STORES` "tma", the descriptor passed,
+    `PRODUCT_EDGES` "masked") gives the default's output and gradients bit for bit."""
     from debertakit.attention.triton_access import record_run
 
     _near_band(monkeypatch, "distance")
     c = GRID[name]
     results = []
-    for programs, stores in (("blocks", "pointers"), ("rows", "tma")):
+    for programs, stores, edges in (("blocks", "pointers", "wrap"), ("rows", "tma", "masked")):
         monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
         monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
+        monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", edges)
         with record_run("triton_products.py") as (_, launches):
             results.append(
                 _run(triton_attention, c, _inputs(c, torch.bfloat16, DEVICE), _geometry(c, DEVICE))
             )
         args, kwargs = launches["_distance_product_kernel"]  # the last launch: COL's table in the backward
         assert kwargs["ROW_LOOP"] == (programs == "rows") and (args[4] is not None) == (stores == "tma")
+        assert kwargs["WRAP"] == (edges == "wrap")
     (out, grads), (out_v, grads_v) = results
     assert torch.equal(out, out_v)
     for g, g_v in zip(grads, grads_v):
@@ -2057,10 +2090,11 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [512, 2048])
 def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
-    """The product kernel's variants at v3's size (as above, bfloat16), `PRODUCT_STORES` × `PRODUCT_PROGRAMS`:
-    the tables of the default (pointers, a block a program) bit for bit, no cell left unwritten; with "tma" on a
-    GPU with the tensor-memory unit the inner blocks are stored through the descriptor (``cp.async.bulk.tensor``
-    in the launch's PTX), elsewhere the pointers serve."""
+    """The product kernel's variants at v3's size (as above, bfloat16), `PRODUCT_STORES` × `PRODUCT_PROGRAMS`
+    × `PRODUCT_EDGES`: the tables of the default (pointers, a block a program, the rows' ends wrapped) bit for
+    bit, no cell left unwritten; with "tma" on a GPU with the tensor-memory unit the inner blocks are stored
+    through the descriptor (``cp.async.bulk.tensor`` in the launch's PTX), elsewhere the pointers serve; with
+    "masked" the rows' ends are stored element by element (``st.global.b16``), with "wrap" never."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, torch.bfloat16, "cuda"))
@@ -2072,20 +2106,27 @@ def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
     tables, compiled = {}, _record_compiled(monkeypatch)
     hopper = torch.cuda.get_device_capability()[0] >= 9
     variants = list(
-        itertools.product(triton_backend.PRODUCT_STORES_MODES, triton_backend.PRODUCT_PROGRAMS_MODES)
+        itertools.product(
+            triton_backend.PRODUCT_STORES_MODES,
+            triton_backend.PRODUCT_PROGRAMS_MODES,
+            triton_backend.PRODUCT_EDGES_MODES,
+        )
     )
-    for stores, programs in variants:
+    for stores, programs, edges in variants:
         monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
         monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+        monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", edges)
         before = len(compiled)
-        tables[stores, programs] = triton_backend._distance_tables(
+        tables[stores, programs, edges] = triton_backend._distance_tables(
             triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
             0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
         )  # fmt: skip
         assert len(compiled) == before + 2  # ROW and COL
         tma = ["cp.async.bulk.tensor" in kernel.asm["ptx"] for kernel in compiled[before:]]
         assert tma == [stores == "tma" and hopper] * 2
-    default = tables["pointers", "blocks"]
+        elements = ["st.global.b16" in kernel.asm["ptx"] for kernel in compiled[before:]]
+        assert elements == [edges == "masked"] * 2
+    default = tables["pointers", "blocks", "wrap"]
     for variant in variants[1:]:
         for got, want in zip(tables[variant], default):
             assert not got.isnan().any(), variant
@@ -2694,7 +2735,7 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
     """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, with
-    the product kernel's two variants and with its gradients in one band, and the kernels without position
+    the product kernel's two variants, with its rows' ends masked and with its gradients in one band, and the kernels without position
     terms, with its time split by kernel (summing to the row's time); ``--impls``
     keeps only the named rows of ``attention``."""
     import json
@@ -2715,6 +2756,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (cuBLAS tables)",
         "triton (product TMA stores)",
         "triton (product row loop)",
+        "triton (product edges masked)",
         "triton (gradients in one band)",
         "triton (no position terms)",
     ]
