@@ -1967,6 +1967,25 @@ def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsy
     assert "read without one of ('replication',)" in capsys.readouterr().out
 
 
+def test_store_cost_variants_apply_to_the_kernels_source(tmp_path):
+    """`benchmarks/triton_store_cost.py` builds its variants of the backward's dS store by replacing lines of
+    `triton_kernels`' source: each edit applies once to the current source, the variant's `_table_grad` stores
+    as the variant says (no store; the row mask at aligned cells), and a source without the lines is refused."""
+    import inspect
+
+    cost = _benchmark_module("triton_store_cost")
+    grads = {}
+    for variant, edits in cost.VARIANTS.items():
+        module = cost.kernels_module(edits, tmp_path)
+        grads[variant] = inspect.getsource(module._table_grad.fn)
+        assert hasattr(module, "_dq_kernel") and hasattr(module, "_dkv_kernel")
+    assert "mask=near" in grads["now"] and "tl.store(DIST + cells" not in grads["no dS store"]
+    aligned = grads["aligned rows, mask per row"]
+    assert "mask=owned" in aligned and "(own * DW)[:, None] + kpos[None, :]" in aligned
+    with pytest.raises(SystemExit, match="no longer holds"):
+        cost.kernels_module([("this line is in no kernel\n", "")], tmp_path)
+
+
 def test_static_report_costs_a_tile_per_thread_and_per_score():
     """`triton_static.tile_costs`: each loop's body at the tiles chosen for inference, per score (threads over
     scores), and for the forward the costlier far loop over plain attention's loop at the same tile."""
