@@ -158,9 +158,10 @@ def _block(
     acc = _mm_add(
         x, tl.trans(_table_rows(T, CELLS + e, in_row, stride_tr, d)), acc, PREC
     )  # (BLOCK_M, BLOCK_N)
-    # no cell outside the row, so every cell the row's own (R and BLOCK_N are multiples of 16: see above)
+    # no cell outside the row (and so, R and BLOCK_N being multiples of 16, none in another row's part)
     whole = (first >= 0) & (first + BLOCK_N - 1 <= R)
-    if WRAP:  # the cells row m owns: columns s + e below R (R + VEC for the last residue), VEC-aligned
+    # with WRAP, the cells row m owns: columns s + e below R, or R + VEC for the last residue (s // (VEC - 1) = 1)
+    if WRAP:
         owned = j < R + VEC * (s // (VEC - 1)) - pid_n * BLOCK_N
     else:
         owned = in_row
