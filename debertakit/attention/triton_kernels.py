@@ -145,6 +145,18 @@ def _mm(a, b, PREC: tl.constexpr):
 
 
 @triton.jit
+def _mm_add(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b into the float32 ``acc``, by PREC as `_mm` multiplies (the distance tables' product kernel,
+    `triton_products`, adds two products into one accumulator)."""
+    if PREC == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif PREC == 1:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _block_and_head(N, BLOCK: tl.constexpr):
     """(block index along the kernel's rows, batch · heads index) of this program. The launch grid is flat,
     block index fastest: the order the programs start in is that of a 2-D grid (blocks, batch · heads), without

@@ -66,6 +66,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from debertakit.attention.triton_kernels import (
+    _mm_add,
+)  # acc + a @ b by PREC, as the attention kernels multiply
+
 
 @triton.jit
 def _distance_product_kernel(
@@ -181,18 +185,6 @@ def _block(
         tl.store(out, acc, mask=rows_in)
     else:
         tl.store(out, acc, mask=rows_in & in_row[None, :])
-
-
-@triton.jit
-def _mm_add(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b, float32, by PREC as `triton_kernels._mm` multiplies (2: operands widened to float32 for the
-    interpreter, whose bfloat16 ``tl.dot`` is wrong)."""
-    if PREC == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    elif PREC == 1:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit

@@ -1364,13 +1364,6 @@ def test_product_edges_masked_write_the_wrapped_table(monkeypatch, name, program
     assert torch.equal(tables["wrap"], tables["masked"])
 
 
-def test_product_edges_mode_is_checked(monkeypatch):
-    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
-    monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", "wrapped")
-    with pytest.raises(ValueError, match=r"PRODUCT_EDGES must be one of \('wrap', 'masked'\), got 'wrapped'"):
-        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
-
-
 @pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
 @pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
 def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monkeypatch, programs):
@@ -1446,17 +1439,18 @@ def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name
         assert torch.equal(g, g_v)
 
 
-def test_product_stores_mode_is_checked(monkeypatch):
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("PRODUCT_STORES", "TMA", r"PRODUCT_STORES must be one of \('pointers', 'tma'\), got 'TMA'"),
+        ("PRODUCT_PROGRAMS", "row", r"PRODUCT_PROGRAMS must be one of \('blocks', 'rows'\), got 'row'"),
+        ("PRODUCT_EDGES", "wrapped", r"PRODUCT_EDGES must be one of \('wrap', 'masked'\), got 'wrapped'"),
+    ],
+)
+def test_product_kernel_modes_are_checked(monkeypatch, setting, value, message):
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
-    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "TMA")
-    with pytest.raises(ValueError, match=r"PRODUCT_STORES must be one of \('pointers', 'tma'\), got 'TMA'"):
-        triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
-
-
-def test_product_programs_mode_is_checked(monkeypatch):
-    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.bfloat16)
-    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "row")
-    with pytest.raises(ValueError, match=r"PRODUCT_PROGRAMS must be one of \('blocks', 'rows'\), got 'row'"):
+    monkeypatch.setattr(triton_backend, setting, value)
+    with pytest.raises(ValueError, match=message):
         triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
 
