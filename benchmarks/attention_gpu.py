@@ -356,6 +356,7 @@ def _attention_rows(
             PRODUCT_ROWS_ROW: dict(PRODUCT_PROGRAMS="rows"),
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
+            CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
@@ -438,6 +439,10 @@ PRODUCT_MASKED_EDGES_ROW = "triton (product edges masked)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
+# `triton` with the banded gradients at a row stride of 16 cells, stored element by element
+# (`triton_backend.GRADIENT_STORES` "cells", the default before 2026-11-27), against the default's odd stride
+# and 16-byte stores read back by residue classes ("aligned"): what the aligned stores save at N <= 512
+CELL_STORES_ROW = "triton (gradient stores by cell)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -463,6 +468,7 @@ def attention_row_names() -> list[str]:
         PRODUCT_ROWS_ROW,
         PRODUCT_MASKED_EDGES_ROW,
         ONE_BAND_GRADIENTS_ROW,
+        CELL_STORES_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -680,6 +686,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             PRODUCT_ROWS_ROW,
             PRODUCT_MASKED_EDGES_ROW,
             ONE_BAND_GRADIENTS_ROW,
+            CELL_STORES_ROW,
             PLAIN_ROW,
         )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)

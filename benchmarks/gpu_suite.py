@@ -10,7 +10,8 @@ each step's cap and what it decides):
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
    kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
-   gradients in one band (``triton (gradients in one band)``), through the custom op, and with one
+   gradients in one band (``triton (gradients in one band)``) and with its banded gradients stored by cell
+   (``triton (gradient stores by cell)``), through the custom op, and with one
    geometry for all its calls (``triton (geometry shared)``: what building it costs a call), the tables and
    skewed-forward roads, our kernels without position terms, sdpa (the ceiling) and flashdeberta: the
    issue's targets and which road should be the default;
@@ -89,7 +90,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
 # matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's rows'
 # ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what storing them whole saves), with the backward's
-# gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512; the product
+# gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512), with the banded
+# gradients stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save at N = 512; the product
 # kernel's two variants, timed on an H200 and not faster, are left to the profile step), with one geometry for
 # all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
 # (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
@@ -98,6 +100,7 @@ ROADS = [
     "triton (cuBLAS tables)",
     "triton (product edges masked)",
     "triton (gradients in one band)",
+    "triton (gradient stores by cell)",
     "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",

@@ -121,6 +121,8 @@ class Recorder(TorchDispatchMode):
             reads = min(_nbytes(ins[0]), written) + sum(_nbytes(t) for t in ins[1:])
         elif name in COPIES:
             reads = sum(_nbytes(t) for t in ins[1:])
+        elif name in MATMULS and kwargs.get("beta", 1) == 0:  # (self, a, b): beta 0 reads not its self
+            reads = sum(_nbytes(t) for t in ins[1:])
         else:
             reads = sum(_nbytes(t) for t in ins)
         self.launch_bytes.append(reads + written)

@@ -18,8 +18,10 @@ with its near band read from distance tables (``v3+dist``, ``packed+dist``, and 
 `triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
 the same kernel, the control. The sets above are of inputs longer than the saturation (``FAR_TILES``: far tiles
 occur, three runs per program); ``short``, ``short+dist`` and both ``+dropout`` are the ``v3`` ones no longer
-than it (v3 at N <= 512): one near run per program, whose backward sums no saturated pair. They are shown, not
-used to choose: their code is the long sets' less the far runs and the sums.
+than it (v3 at N <= 512): one near run per program, whose backward sums no saturated pair, and with distance
+tables its gradients in the tables' bands, stored 16 bytes at a time (``GRAD_BANDS``:
+`triton_backend.GRADIENT_STORES`). They are shown, not used to choose: their code is the long sets' less the far
+runs and the sums.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
 distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
@@ -67,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "triton_static"
 # the near band gathered from the tables (the tables road); inputs longer than the saturation, where far tiles
 # occur (three runs per program)
-_ROADS = dict(SKEW=False, DIST=False, FAR_TILES=True)
+_ROADS = dict(SKEW=False, DIST=False, FAR_TILES=True, GRAD_BANDS=False)
 _SETS = {
     "v3": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=False, HAS_KMASK=True, CAUSAL=False, **_ROADS),
     "packed": dict(IJ=True, HAS_ROW=True, HAS_COL=True, HAS_SEG=True, HAS_KMASK=True, CAUSAL=True, **_ROADS),
@@ -78,9 +80,17 @@ _SETS = {
 _DIST_SETS = {f"{name}+dist": dict(_SETS[name], DROPOUT=False, DIST=True) for name in ("v3", "packed")}
 _DIST_DROPOUT_SETS = {f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _DIST_SETS.items()}
 # a padded v3 batch no longer than the saturation (N <= 512 for v3): no far tile, one near run per program whose
-# backward sums no saturated pair (``FAR_TILES`` false); shown, not configured: no larger than the v3 sets' code
+# backward sums no saturated pair (``FAR_TILES`` false), on the distance road with its gradients in the tables'
+# bands at an odd row stride (``GRAD_BANDS``: `triton_backend.GRADIENT_STORES`); shown, not configured: no
+# larger than the v3 sets' code
 _SHORT_SETS = {
-    f"short{road}{drop}": dict(_SETS["v3"], FAR_TILES=False, DIST=road == "+dist", DROPOUT=drop == "+dropout")
+    f"short{road}{drop}": dict(
+        _SETS["v3"],
+        FAR_TILES=False,
+        DIST=road == "+dist",
+        GRAD_BANDS=road == "+dist",
+        DROPOUT=drop == "+dropout",
+    )
     for road in ("", "+dist")
     for drop in ("", "+dropout")
 }

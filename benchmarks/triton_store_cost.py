@@ -15,9 +15,13 @@ global stores:
   buffer whose rows start 16-byte aligned at the tile's first partner would compile to, with no per-pair mask:
   for instance, rows shifted within their padding by their index modulo 8, and wide enough for every pair of a
   near tile. It is not a correct kernel; it shows what such a layout would leave of the store.
+- ``odd stride (GRAD_BANDS)``: the kernels as they are, for gradients in bands at an odd row stride
+  (`triton_backend.GRADIENT_STORES` "aligned", the default since 2026-11-27): the layout the previous variant
+  stood for, built for the inputs without far tiles (the ``short`` set), whose rows need no per-pair mask.
 
-The variants are made by replacing the store's lines in a copy of `triton_kernels`' source; the script stops
-if those lines are not found. Static only, no timing.
+The first three compile the sets with ``GRAD_BANDS`` off (the buffers at a row stride of 16 cells). The variants
+are made by replacing the store's lines in a copy of `triton_kernels`' source; the script stops if those lines
+are not found. Static only, no timing.
 
     python benchmarks/triton_store_cost.py   # table + benchmarks/results/triton_store_cost.json
 """
@@ -66,7 +70,9 @@ VARIANTS = {
         (CELLS, ALIGNED_CELLS),
         (STORE, STORE.replace("mask=near", "mask=owned")),
     ],
+    "odd stride (GRAD_BANDS)": [],
 }
+BANDED = "odd stride (GRAD_BANDS)"  # compiled with GRAD_BANDS, for the short set only
 
 
 def kernels_module(edits: list[tuple[str, str]], folder: Path):
@@ -96,7 +102,10 @@ def measure() -> list[dict]:
             for kernel in KERNELS:
                 tiles = triton_backend.GPU_TILES[64][kernel]
                 for features in SETS:
-                    c = compile_kernel(getattr(module, kernel), "bf16", 64, tiles, FEATURES[features])
+                    if variant == BANDED and features != "short+dist":
+                        continue
+                    flags = dict(FEATURES[features], GRAD_BANDS=variant == BANDED)
+                    c = compile_kernel(getattr(module, kernel), "bf16", 64, tiles, flags)
                     row = dict(
                         triton=triton.__version__,
                         kernel=kernel,

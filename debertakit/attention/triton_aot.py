@@ -25,11 +25,24 @@ INT_POINTERS = {"LUT", "QPOS", "KPOS", "QSEG", "KSEG", "KMASK", "KV_LO", "KV_HI"
 # DV and the distance buffers hold the inputs' dtype
 F32_POINTERS = {"ROW", "COL", "FAR", "LSE", "DELTA", "DQ", "DK"}
 STRIDES = {"SQB", "SQH", "SQN", "SKB", "SKH", "SKN"}  # of the (B, H, N, d) activations, in elements
-# the distance buffers' row stride, a multiple of 16 cells (`triton_backend.DIST_ALIGN`)
+# the distance buffers' row stride, a multiple of 16 cells (`triton_backend.DIST_ALIGN`), except with
+# GRAD_BANDS (1 modulo 16: `triton_backend.GRADIENT_STORES`)
 ALIGNED_INTS = {*STRIDES, "DW"}
 INTS = {"H", "B", "NQ", "NK", "R", "LOG2_BAND", "SAT", "TR", "DROP_T", *ALIGNED_INTS}
 FLOATS = {"scale", "drop_scale"}
-FLAGS = ("IJ", "HAS_ROW", "HAS_COL", "HAS_SEG", "HAS_KMASK", "CAUSAL", "DROPOUT", "SKEW", "DIST", "FAR_TILES")
+FLAGS = (
+    "IJ",
+    "HAS_ROW",
+    "HAS_COL",
+    "HAS_SEG",
+    "HAS_KMASK",
+    "CAUSAL",
+    "DROPOUT",
+    "SKEW",
+    "DIST",
+    "FAR_TILES",
+    "GRAD_BANDS",
+)
 # with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16
 # (`triton_backend._distance_tables`)
 DISTANCE_TABLES = {"ROW", "COL"}
@@ -210,11 +223,20 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
 def attributes(fn, sig: dict, constexprs: dict) -> dict:
     """What a launch tells the compiler about the arguments (Triton's ``D`` specialisation, "divisible by 16"):
     PyTorch's allocator aligns pointers to 16 bytes and the activations' strides are multiples of 16 elements for
-    the head dims served (the distance buffers' row stride and the distance tables' row step R by construction),
-    so the code compiled here can use vector loads, as the code compiled at run time does."""
-    ints = ALIGNED_INTS | ({"R"} if constexprs.get("DIST") else set())
+    the head dims served (the distance buffers' row stride and the distance tables' row step R by construction;
+    not the row stride of gradients in bands, odd with ``GRAD_BANDS``), so the code compiled here can use vector
+    loads, as the code compiled at run time does."""
+    ints = aligned_ints(constexprs)
     aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in ints]
     return {(i,): [["tt.divisibility", 16]] for i in aligned}
+
+
+def aligned_ints(flags: dict) -> set[str]:
+    """The attention kernels' integer arguments a launch with these constexpr ``flags`` passes as multiples of
+    16: the activations' strides, the distance tables' row step R (``DIST``) and the distance buffers' row
+    stride DW, except for gradients in bands (``GRAD_BANDS``: DW ≡ 1 modulo 16)."""
+    ints = ALIGNED_INTS | ({"R"} if flags.get("DIST") else set())
+    return ints - {"DW"} if flags.get("GRAD_BANDS") else ints
 
 
 def _bin(tool: str) -> str:

@@ -766,15 +766,16 @@ def _matmul_f32(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.float(), b.float())
 
 
-def _add_matmul_f32(out: Tensor, a: Tensor, b: Tensor, alpha: float) -> None:
-    """``out += alpha · a @ b`` per head, ``out`` (H, M, N) float32, in place, as `_matmul_f32` multiplies.
-    The sum is the product's epilogue (cuBLAS's beta = 1): no float32 (H, M, N) product in memory and no
-    separate kernel to add it. ``out`` may be a strided view with a unit stride in its last dim (cuBLAS writes
-    it through its row and batch strides: a `_per_head` view of a gradient)."""
+def _add_matmul_f32(out: Tensor, a: Tensor, b: Tensor, alpha: float, beta: float = 1.0) -> None:
+    """``out = beta · out + alpha · a @ b`` per head, ``out`` (H, M, N) float32, in place, as `_matmul_f32`
+    multiplies. The sum is the product's epilogue (cuBLAS's beta = 1): no float32 (H, M, N) product in memory and
+    no separate kernel to add it; with ``beta`` 0 ``out`` is written only (not read: NaN in it stays out).
+    ``out`` may be a strided view with a unit stride in its last dim (cuBLAS writes it through its row and batch
+    strides: a `_per_head` view of a gradient)."""
     if _on_tensor_cores(a, b, _BADDBMM_OUT_DTYPE):
-        torch.baddbmm(out, a, b, out_dtype=torch.float32, alpha=alpha, out=out)
+        torch.baddbmm(out, a, b, out_dtype=torch.float32, beta=beta, alpha=alpha, out=out)
     else:
-        out.baddbmm_(a.float(), b.float(), alpha=alpha)
+        out.baddbmm_(a.float(), b.float(), beta=beta, alpha=alpha)
 
 
 def _per_head(t: Tensor) -> Tensor:
@@ -1064,17 +1065,26 @@ def _distance_stride(sat: int) -> int:
     return _aligned(2 * sat + 1)
 
 
-def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:
+def _distance_buffer(
+    heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool, slack: int = 0
+) -> Tensor:
     """A distance-space gradient buffer (H, B·N, W'): each row's W = 2·sat + 1 cells, then zero columns up to
     W' (``stride``: the kernels' row stride ``DW``, `_distance_stride`). At distance i - j the
     backward kernels write every cell, zeros included (`triton_kernels._table_grad`, `_zero_unvisited`, the
     padding in `_store_row_ends`): the buffer is allocated without a fill, which would write it whole once more
     (at v3-base sizes a fifth to a quarter of the backward's traffic outside the kernels:
-    `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled."""
+    `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled.
+    ``slack`` zeros follow the buffer in its storage (`_residue_rows` reads up to 7 cells past its last row)."""
+    size = heads * rows * stride
     if not ij:
-        return torch.zeros((heads, rows, stride), dtype=dtype, device=dev)
-    buffer = torch.empty((heads, rows, stride), dtype=dtype, device=dev)
-    return buffer.fill_(float("nan")) if POISON_DISTANCE_BUFFERS else buffer
+        flat = torch.zeros(size + slack, dtype=dtype, device=dev)
+    else:
+        flat = torch.empty(size + slack, dtype=dtype, device=dev)
+        if POISON_DISTANCE_BUFFERS:
+            flat.fill_(float("nan"))
+        if slack:
+            flat[size:].zero_()
+    return flat[:size].view(heads, rows, stride)
 
 
 # The backward's distance-space gradients in the tables' bands where that narrows their rows
@@ -1082,16 +1092,35 @@ def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev
 # (gradients in one band)" times the two side by side)
 GRADIENT_BANDS = True
 
+# How the backward kernels store the gradients of banded rows. "aligned": at an odd row stride DW ≡ 1 (mod 16),
+# where a row's cells for a tile's partners start 16-byte aligned, so the kernels store 16 bytes at a time
+# under the row mask alone (`triton_kernels._table_grad`, ``GRAD_BANDS``), and the folds read the buffer by
+# residue classes of rows (`_residue_rows`). "cells": at the row stride rounded up to 16, each tile row's
+# first cell one element further than the last row's, stored element by element (as before 2026-11-27; the
+# benchmark's row "triton (gradient stores by cell)"). Compiled for sm_90 at the GPU tiles (bf16, d 64, no far
+# tile: `benchmarks/triton_static.py`) "aligned" takes dQ's near loop from 587 instructions a thread to 447
+# and 149 registers to 128, dK/dV's from 673 to 537 and 246 registers to 187 (Triton 3.6).
+GRADIENT_STORES_MODES = ("aligned", "cells")
+GRADIENT_STORES = "aligned"
+RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is 8 cells modulo 16
+
 
 def _gradient_stride(sat: int, band: int, cells: Tensor | None) -> int:
     """The row stride of the backward's distance-space gradient buffers: one band's 2·sat + 1 cells rounded up
     (`_distance_stride`), or, where the distance tables are in bands (``band`` > 0) and their rows are narrower,
-    theirs rounded up: the buffers then take the tables' layout (`_gradient_buffer`; at v3's N = 512, 592 cells
-    a row against 1040: the backward kernels store and the folds read 43% fewer). The kernels tell the two
-    layouts apart by this stride (`triton_kernels._grad_rows`). A packed row longer than the saturation, of
-    shorter sequences, has banded tables (no far tile) whose rows may be the wider: one band then."""
+    theirs rounded up (`GRADIENT_STORES` "cells") or to 1 modulo 16 ("aligned": a band's N' + band + 1 cells
+    are that already): the buffers then take the tables' layout (`_gradient_buffer`; at v3's N = 512, 577 cells
+    a row against 1040: the backward kernels store and the folds read 44% fewer). The kernels tell the layouts
+    apart by this stride and ``GRAD_BANDS`` (`triton_kernels._grad_rows`). A packed row longer than the
+    saturation, of shorter sequences, has banded tables (no far tile) whose rows may be the wider: one band
+    then."""
+    _check_mode("GRADIENT_STORES", GRADIENT_STORES, GRADIENT_STORES_MODES)
     one = _distance_stride(sat)
-    return min(one, _aligned(cells.shape[2])) if band and GRADIENT_BANDS else one
+    if not (band and GRADIENT_BANDS and _aligned(cells.shape[2]) < one):
+        return one
+    if GRADIENT_STORES == "aligned":
+        return _aligned(cells.shape[2] - 1) + 1
+    return _aligned(cells.shape[2])
 
 
 def _gradient_buffer(
@@ -1100,11 +1129,14 @@ def _gradient_buffer(
     """A distance-space gradient buffer for ``n`` rows per (b, h): (H, B·N, stride) with one band
     (`_distance_buffer`); with bands, the tables' layout (H, bands, B, band, stride) flat as (H, B·N', stride),
     N' the rows padded to whole bands. The kernels write every cell of the rows they own (`triton_kernels.
-    _grad_rows`); the padding rows, which no program owns, are zeroed here (a strided view of the last band)."""
+    _grad_rows`); the padding rows, which no program owns, are zeroed here (a strided view of the last band).
+    At an odd ``stride`` (`GRADIENT_STORES` "aligned") 7 zeros follow the buffer, which the folds' views of its
+    last rows read (`_residue_rows`)."""
     if not band:
         return _distance_buffer(heads, batch * n, stride, dtype, dev, ij)
     padded = _distance_padded_rows(n, band)
-    buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij)
+    slack = RESIDUES - 1 if stride % DIST_ALIGN else 0  # (`_residue_rows`)
+    buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij, slack)
     if padded > n:
         per_band = buffer.view(heads, padded // band, batch, band, stride)
         per_band[:, -1, :, n - (padded - band) :].zero_()
@@ -1130,16 +1162,60 @@ def _fold_bands(
     the table's rows through the cells. Returns the table's gradient (H, R, d), float32."""
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
-    # the rows' cells at their aligned stride: cuBLAS reads them in place
-    per_band = dist.view(H * bands, batch * band, dist.shape[-1])[..., :width]
-    product = _matmul_f32(per_band, _cell_rows(table, cells))  # (H·bands, B·band, d)
+    per_band = dist.view(H * bands, batch * band, dist.shape[-1])
+    content = _band_major(content, batch, n, band, bands)
+    if dist.shape[-1] % DIST_ALIGN:  # an odd row stride (`GRADIENT_STORES` "aligned")
+        product, per_cell = _residue_folds(per_band, _cell_rows(table, cells), content, width)
+    else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
+        per_band = per_band[..., :width]
+        product = _matmul_f32(per_band, _cell_rows(table, cells))  # (H·bands, B·band, d)
+        per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
     into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
     whole = n // band  # the bands of real rows only; the last one's padding rows are not added
     grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
     if whole < bands:
         grad[:, :, whole * band :].add_(into[:, :, whole, : n - whole * band], alpha=scale)
-    per_cell = _matmul_f32(per_band.transpose(-1, -2), _band_major(content, batch, n, band, bands))
-    return _into_rows(per_cell.view(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+    return _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+
+
+def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
+    """Rows s, s + 8, … of each (G, M, DW) block of ``dist``, a gradient buffer at an odd row stride DW ≡ 1
+    (mod 16), read from ``s`` cells before each row's first: (G, M / 8, width + 7), column c holding the row's
+    cell c - s (`RESIDUES` = 8). Row s + 8·k starts at (s + 8·k)·DW - s = s·(DW - 1) + 8·k·DW, so the view
+    starts 16-element aligned and its rows lie 8·DW apart, a multiple of 8 elements (16 bytes in bfloat16):
+    aligned as cuBLAS's vectorised kernels want, where on the buffer itself at its odd stride it ran a
+    one-element-aligned one (four folds 2.042 ms against 0.656 at an aligned stride on an H200: README,
+    "Measured on an H200"). The cells the view reads outside a row's ``width`` (the rows beside it, and up to 7
+    zeros past the buffer's last row: `_gradient_buffer`'s slack) meet zeros in the folds."""
+    groups, rows, dw = dist.shape
+    shape = (groups, rows // RESIDUES, width + RESIDUES - 1)
+    strides = (rows * dw, RESIDUES * dw, 1)
+    return dist.as_strided(shape, strides, dist.storage_offset() + s * (dw - 1))
+
+
+def _residue_folds(dist: Tensor, rows: Tensor, content: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """The two folds of `_fold_bands` for a buffer at an odd row stride, (G, M, DW) against the (G, width, d)
+    table rows its cells stand for and the (G, M, d) content rows, one residue class of rows at a time
+    (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32. Class s's column c
+    is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
+    s (a view). Its per-cell sums are written apart, class beside class, and cell x sums row x + s of each
+    class s (one strided reduction): accumulating the classes into one float32 output would read and write it
+    eight times."""
+    groups, m, d = content.shape
+    pad = RESIDUES - 1
+    padded = torch.nn.functional.pad(rows, (0, 0, pad, pad))  # (G, width + 14, d)
+    product = content.new_empty((groups, m, d), dtype=torch.float32)  # (each class writes its rows once)
+    per_class = content.new_empty((groups, width + pad, RESIDUES, d), dtype=torch.float32)
+    for s in range(RESIDUES):
+        view = _residue_rows(dist, width, s)  # (G, M / 8, width + 7)
+        _add_matmul_f32(
+            product[:, s::RESIDUES], view, padded[:, pad - s : pad - s + width + pad], 1.0, beta=0.0
+        )
+        _add_matmul_f32(per_class[:, :, s], view.transpose(-1, -2), content[:, s::RESIDUES], 1.0, beta=0.0)
+    # [g, x, s]: class s's row x + s, whose sums are cell x's
+    g, c = per_class.stride(0), per_class.stride(1)
+    diagonal = per_class.as_strided((groups, width, RESIDUES, d), (g, c, c + d, 1))
+    return product, diagonal.sum(2)
 
 
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
@@ -1200,6 +1276,7 @@ def _bwd(
         )  # fmt: skip
         DW = _gradient_stride(sat, band if dist else 0, cells)
         banded = DW < _distance_stride(sat)  # the gradient buffers in the tables' bands (`_gradient_stride`)
+        grad_bands = banded and DW % DIST_ALIGN == 1  # stored 16 bytes at a time (`GRADIENT_STORES`)
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
@@ -1235,14 +1312,14 @@ def _bwd(
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew,
-            DIST=dist,
+            DIST=dist, GRAD_BANDS=grad_bands,
             WT=t_dq.skew_width,
         )  # fmt: skip
         kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew,
-            DIST=dist,
+            DIST=dist, GRAD_BANDS=grad_bands,
             WT=t_dkv.skew_width,
         )  # fmt: skip
         del row, col, far, tables  # free the N×R tables before the fold

@@ -63,10 +63,14 @@ run per head over all B·N rows at once, reading Q and K in the projections' lay
 and summing the table gradients over the batch inside the matmul. Offsets to a program's (b, h) are 64-bit,
 offsets inside it 32-bit (the caller checks N · row stride < 2**31).
 
-Where the distance tables come in bands and that makes the rows narrower (at v3's N = 512: 592 cells against
+Where the distance tables come in bands and that makes the rows narrower (at v3's N = 512: 577 cells against
 1040), the two gradient buffers take the tables' own layout instead, (H, bands, B, band, ·), row r of a band
-holding partner j at cell band + j - r (`_grad_rows`): the kernels store, and the caller's folds read, 43% fewer
-cells, the zeros included.
+holding partner j at cell band + j - r (`_grad_rows`): the kernels store, and the caller's folds read, 44% fewer
+cells, the zeros included. Those rows are N' + band + 1 cells, 1 modulo 16, and by default (``GRAD_BANDS``,
+`triton_backend.GRADIENT_STORES`) that is their stride too: row i's cell for partner j then lies at
+``i·(DW - 1) + OFF + j``, 16-byte aligned at a tile's first partner, and with no pair saturated the stores take
+the row mask alone, 16 bytes at a time (`_table_grad`); the caller reads the odd-stride rows by residue classes
+modulo 8, each an aligned view (`triton_backend._residue_rows`).
 
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
 `Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
@@ -495,7 +499,7 @@ def _keep_mask_kernel(OUT, SEED, NQ, NK, DROP_T, BLOCK_M: tl.constexpr, BLOCK_N:
 @triton.jit
 def _table_grad(
     DIST, own, own_in, ds, allowed, qpos, kpos, far_left, far_right, acc_l, acc_r, SAT, OFF, DW,
-    AXIS: tl.constexpr, IJ: tl.constexpr, KIND: tl.constexpr,
+    AXIS: tl.constexpr, IJ: tl.constexpr, KIND: tl.constexpr, GRAD_BANDS: tl.constexpr,
 ):  # fmt: skip
     """Distance-space gradient of one tile's table entries, for the rows (AXIS 1, ``own`` = the query indices)
     or the columns (AXIS 0, the key indices) a program owns: saturated pairs summed into ``acc_l`` / ``acc_r``
@@ -516,8 +520,23 @@ def _table_grad(
     with the cells ascending, on an H200: README, "Measured on an H100 and an H200").
 
     ``OFF``: the cell of distance 0 in row 0's frame (SAT + j - i above is OFF + j - i), and ``SAT`` the
-    saturation that sends a pair to the end cells; `_grad_rows` gives both (banded buffers: no end cells)."""
-    if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
+    saturation that sends a pair to the end cells; `_grad_rows` gives both (banded buffers: no end cells).
+
+    ``GRAD_BANDS`` (a buffer in bands at an odd row stride, `_grad_rows`): no pair is saturated and every pair
+    of the owned rows has its cell, so the store takes the row mask alone; and with DW - 1 a multiple of 16, a
+    row's cell OFF + j - i lies at ``i·(DW - 1) + OFF + j``, 16-byte aligned at the tile's first partner. Each
+    tile row then stores 16 bytes at a time, where at an aligned DW its first cell moves by one element from
+    row to row and the store goes element by element (`benchmarks/triton_store_cost.py`)."""
+    if GRAD_BANDS:
+        dw1 = tl.multiple_of(DW - 1, 16)
+        if AXIS == 1:
+            cells = (own * dw1 + OFF)[:, None] + kpos[None, :]
+            owned = own_in[:, None]
+        else:
+            cells = (own * dw1 + OFF)[None, :] + qpos[:, None]
+            owned = own_in[None, :]
+        tl.store(DIST + cells, ds.to(DIST.dtype.element_ty), mask=owned)
+    elif far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
         acc_r += tl.sum(ds, AXIS)
     elif far_left:
         acc_l += tl.sum(ds, AXIS)
@@ -591,7 +610,7 @@ def _zero_unvisited(
 
 
 @triton.jit
-def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr):
+def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr, GRAD_BANDS: tl.constexpr):
     """Where a program's rows of a distance-space gradient buffer lie, and how their cells run: (offset, SAT,
     OFF, FIRST, LAST, ENDS). ``offset`` (64-bit, elements) moves the buffer's pointer so that own row i's
     cells start at i·DW from it; a pair's cell is OFF + j - i of a query row (OFF + i - j of a key column: see
@@ -601,12 +620,13 @@ def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr):
 
     One band (the default): rows per (b, h) at the row stride DW, a row's 2·SAT + 1 cells around cell SAT,
     its end cells 0 and 2·SAT and its padding written by `_store_row_ends`. Where the distance tables are in
-    bands (``DIST``, LOG2_BAND below `_ONE_BAND`: no far tile) and their rows are narrower than one band's (DW
-    below 2·SAT + 1 rounded up: the caller's choice, `triton_backend._gradient_stride`), the buffer takes the
-    tables' own layout, (H, bands, B, band, DW) with DW the band's N' + band + 1 cells rounded up: row r of a
-    band holds partner j at cell band + j - r, every cell of it written here or by the loop (no end cells: no
-    visible pair is saturated, and a hidden one stores its zero like any other). At v3's N = 512 and 64-row
-    bands that is 592 cells a row where one band needs 1040. The offsets inside a program's rows stay 32-bit
+    bands (``DIST``, LOG2_BAND below `_ONE_BAND`: no far tile) and their rows are narrower than one band's (the
+    caller's choice, `triton_backend._gradient_stride`), the buffer takes the tables' own layout, (H, bands, B,
+    band, DW): row r of a band holds partner j at cell band + j - r, every cell of it written here or by the
+    loop (no end cells: no visible pair is saturated, and a hidden one stores its zero like any other). DW is
+    the band's N' + band + 1 cells themselves, odd (``GRAD_BANDS``: the stores 16 bytes wide, `_table_grad`),
+    or rounded up to 16 (DW below 2·SAT + 1 rounded up tells the kernel). At v3's N = 512 and 64-row bands that
+    is 577 or 592 cells a row where one band needs 1040. The offsets inside a program's rows stay 32-bit
     (``band`` int32): with a 64-bit one the cells' addresses went 64-bit and dQ took 217 registers a thread
     for 168 (sm_90, 64×32 w4, Triton 3.9)."""
     offset = _head_major(bh, H, B, N) * DW
@@ -617,19 +637,26 @@ def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr):
     ends = N
     if DIST:
         # in bands where the caller chose them: the tables in bands and a banded row narrower than one band's
-        # (`triton_backend._gradient_stride`), which the row stride it passed tells
+        # (`triton_backend._gradient_stride`), which GRAD_BANDS or the row stride it passed tells
         banded = (LOG2_BAND < _ONE_BAND) & (DW < tl.cdiv(2 * SAT + 1, DIST_ALIGN) * DIST_ALIGN)
         band = 1 << tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # (int32: the cells' offsets stay 32-bit)
         index = start >> tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # the band of the program's block
         band_start = index * band
         rows = (((bh % H) * tl.cdiv(N, band) + index) * B + bh // H).to(tl.int64) * band - band_start
         in_bands = rows * DW
-        offset = tl.where(banded, in_bands, offset)
-        sat = tl.where(banded, _BIG, SAT)
-        off = tl.where(banded, band + band_start, SAT)
-        first = tl.where(banded, 0, 1)
-        last = tl.where(banded, DW - 1, 2 * SAT - 1)
-        ends = tl.where(banded, 0, N)
+        if GRAD_BANDS:  # whole bands of rows at DW each: 16-element aligned (`_table_grad`)
+            offset = tl.multiple_of(in_bands, 16)
+            off = tl.multiple_of(band + band_start, 16)
+            first = 0
+            last = DW - 1
+            ends = 0
+        else:
+            offset = tl.where(banded, in_bands, offset)
+            sat = tl.where(banded, _BIG, SAT)
+            off = tl.where(banded, band + band_start, SAT)
+            first = tl.where(banded, 0, 1)
+            last = tl.where(banded, DW - 1, 2 * SAT - 1)
+            ends = tl.where(banded, 0, N)
     return offset, sat, off, first, last, ends
 
 
@@ -855,7 +882,7 @@ def _dq_keys(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
-    KIND: tl.constexpr,
+    KIND: tl.constexpr, GRAD_BANDS: tl.constexpr,
 ):  # fmt: skip
     """dQ's content part and the rows' table gradients over the key blocks from ``start`` to ``end`` (tiles of
     one KIND). ``gsat``, ``goff``: the rows' gradient cells (`_grad_rows`)."""
@@ -875,7 +902,7 @@ def _dq_keys(
         if HAS_ROW:
             far_l, far_r = _table_grad(
                 DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, gsat, goff,
-                DW, 1, IJ, KIND,
+                DW, 1, IJ, KIND, GRAD_BANDS,
             )  # fmt: skip
     return dq, far_l, far_r
 
@@ -938,6 +965,7 @@ def _dq_kernel(
     DIST: tl.constexpr,
     WT: tl.constexpr,
     FAR_TILES: tl.constexpr,
+    GRAD_BANDS: tl.constexpr,
 ):
     """One program per query block: DELTA (dO·O per row), dQ (content part) and, if ROW is used, dS stored into
     DQ_DIST."""
@@ -954,7 +982,7 @@ def _dq_kernel(
     DELTA += q_off
     ROW += _table_offset(bh, H, B, NQ, R, LOG2_BAND, DIST)
     q_grad, gsat, goff, first, last, ends = _grad_rows(
-        bh, H, B, NQ, SAT, DW, LOG2_BAND, pid_m * BLOCK_M, DIST
+        bh, H, B, NQ, SAT, DW, LOG2_BAND, pid_m * BLOCK_M, DIST, GRAD_BANDS
     )
     DQ_DIST += q_grad
     K += k_base
@@ -1012,10 +1040,10 @@ def _dq_kernel(
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
             log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
-            DROPOUT, kinds[run],
+            DROPOUT, kinds[run], GRAD_BANDS,
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
-    if HAS_ROW:
+    if HAS_ROW and not GRAD_BANDS:
         # a query row's cells run by j - i: its right side (i - j >= SAT) is cell 0 (none in bands: `_grad_rows`)
         _store_row_ends(DQ_DIST, offs_m, offs_m < ends, far_r, far_l, SAT, DW, BLOCK_M)
 
@@ -1028,7 +1056,7 @@ def _dkv_queries(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW: tl.constexpr, HAS_COL: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, IJ: tl.constexpr,
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
-    KIND: tl.constexpr,
+    KIND: tl.constexpr, GRAD_BANDS: tl.constexpr,
 ):  # fmt: skip
     """dK's content part, dV and the columns' table gradients over the query blocks from ``start`` to ``end``
     (tiles of one KIND). ``row_step``: ROW's `_band_step`; ``gsat``, ``goff``: the columns' gradient cells
@@ -1073,7 +1101,7 @@ def _dkv_queries(
             else:
                 far_l, far_r = _table_grad(
                     DK_DIST, offs_n, n_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, gsat, goff,
-                    DW, 0, IJ, KIND,
+                    DW, 0, IJ, KIND, GRAD_BANDS,
                 )  # fmt: skip
     if HAS_COL:
         if KIND == _FAR_LEFT:
@@ -1141,6 +1169,7 @@ def _dkv_kernel(
     DIST: tl.constexpr,
     WT: tl.constexpr,
     FAR_TILES: tl.constexpr,
+    GRAD_BANDS: tl.constexpr,
 ):
     """One program per key block: dK (content part), dV and, if COL is used, dS stored into DK_DIST."""
     pid_n, bh = _block_and_head(NK, BLOCK_N)
@@ -1160,7 +1189,7 @@ def _dkv_kernel(
     COL += _table_offset(bh, H, B, NK, R, LOG2_BAND, DIST)
     FARL, FARR = _far_rows(FAR, bh, H, B, NK)
     k_grad, gsat, goff, first, last, ends = _grad_rows(
-        bh, H, B, NK, SAT, DW, LOG2_BAND, pid_n * BLOCK_N, DIST
+        bh, H, B, NK, SAT, DW, LOG2_BAND, pid_n * BLOCK_N, DIST, GRAD_BANDS
     )
     DK_DIST += k_grad
     QPOS += b * NQ
@@ -1208,9 +1237,9 @@ def _dkv_kernel(
             Q, DO, LSE, DELTA, ROW, COL, FARL, FARR, LUT, QPOS, KPOS, QSEG, KSEG, KMASK, DK_DIST, NQ, R, SAT, DW, SQN,
             end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, row_step, seed, bh, DROP_T, drop_scale, gsat, goff,
             BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
-            DROPOUT, kinds[run],
+            DROPOUT, kinds[run], GRAD_BANDS,
         )  # fmt: skip
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
-    if HAS_COL:
+    if HAS_COL and not GRAD_BANDS:
         _store_row_ends(DK_DIST, offs_n, offs_n < ends, far_l, far_r, SAT, DW, BLOCK_N)

@@ -61,7 +61,7 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 
 def configured(capability: int):
     """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road."""
-    every = dict.fromkeys(FLAGS, True)
+    every = dict(dict.fromkeys(FLAGS, True), GRAD_BANDS=False)
     for head_dim in (64, 128):
         for dropout in (False, True):
             flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
@@ -72,6 +72,8 @@ def configured(capability: int):
             # inputs no longer than the saturation (v3 at N <= 512): one near run per program
             yield "bf16", head_dim, dict(flags, FAR_TILES=False), capability
             yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False), capability
+            # and their gradients in bands at an odd row stride (`triton_backend.GRADIENT_STORES`)
+            yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False, GRAD_BANDS=True), capability
 
 
 def configurations(everything: bool):
@@ -81,7 +83,7 @@ def configurations(everything: bool):
     yield from configured(86)
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
     # a spread of feature combinations (a stride prime to 2 varies every flag), plus all of them on
-    flag_sets = flag_sets[::43] + flag_sets[-1:]
+    flag_sets = flag_sets[::89] + flag_sets[-1:]
     for dtype, head_dim in (("bf16", 64), ("fp16", 128), ("fp32", 32), ("bf16", 16)):
         for flags in flag_sets:
             yield dtype, head_dim, flags, 90
@@ -98,6 +100,8 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     terms = flags["HAS_ROW"] or flags["HAS_COL"]
     if flags["DIST"] and (flags["SKEW"] or not flags["IJ"] or not terms):
         flags = dict(flags, DIST=False)
+    if flags["GRAD_BANDS"] and not flags["DIST"]:  # gradients in bands: the distance tables' bands
+        flags = dict(flags, GRAD_BANDS=False)
     if not flags["IJ"]:  # tiles classified as they come: a far tile may always occur (`_far_tiles`)
         flags = dict(flags, FAR_TILES=True)
     return flags

@@ -992,16 +992,24 @@ GRADIENT_BANDS = {
 }
 
 
-@pytest.mark.parametrize("name", GRADIENT_BANDS)
-def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name):
+@pytest.mark.parametrize(
+    ("name", "stores"),
+    [(name, "aligned") for name in GRADIENT_BANDS]
+    + [
+        (name, "cells") for name, banded in GRADIENT_BANDS.items() if banded
+    ],  # (one band: the same either way)
+)
+def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name, stores):
     """Where the distance tables are in bands the backward's distance-space gradients are too, if that makes
     their rows narrower than one band's 2·sat + 1 cells: each buffer (H, bands, B, band, DW) in its table's
-    layout, DW the band's cells rounded up to `DIST_ALIGN` (at v3's N = 512, 592 against 1040), folded per band
-    through the tables' own cells; no cell of a row left unwritten (the buffers start as NaN in the tests) and
-    the gradients eager's. Rows of a packed row whose sequences are short stay in one band: at a saturation of 8
-    (CLAMP) 32 cells against the bands' 80; at WIDE's cut to the longest sequence (33), 80 against 96."""
+    layout, DW the band's cells themselves, 1 modulo 16 (`GRADIENT_STORES` "aligned"; at v3's N = 512, 577
+    against 1040), or rounded up to `DIST_ALIGN` ("cells", 592), folded per band through the tables' own cells;
+    no cell of a row left unwritten (the buffers start as NaN in the tests) and the gradients eager's. Rows of
+    a packed row whose sequences are short stay in one band: at a saturation of 8 (CLAMP) 32 cells against the
+    bands' 80; at WIDE's cut to the longest sequence (33), 80 against 96."""
     c = BANDED_GRID[name]
     _near_band(monkeypatch, "distance")
+    monkeypatch.setattr(triton_backend, "GRADIENT_STORES", stores)
     bands = _distance_bands(monkeypatch, 16)
     buffers, folds, strides = [], [], []
     real_buffer, real_fold = triton_backend._distance_buffer, triton_backend._fold_bands
@@ -1026,14 +1034,36 @@ def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name):
     band = bands[0]
     padded = triton_backend.triton_cdiv(c.n, band) * band
     [(sat, told, cells)] = strides
-    assert band == told == 16 and cells == padded + band + 1
+    assert band == told == 16 and cells == padded + band + 1 and cells % 16 == 1
     banded, one = triton_backend._aligned(cells), triton_backend._distance_stride(sat)
     assert (banded < one) == GRADIENT_BANDS[name]
     if GRADIENT_BANDS[name]:
-        assert buffers == [(c.heads, c.batch * padded, banded)] * 2
+        assert buffers == [(c.heads, c.batch * padded, cells if stores == "aligned" else banded)] * 2
         assert folds == [(padded // band, cells)] * 2
     else:
         assert buffers == [(c.heads, c.batch * c.n, one)] * 2 and folds == []
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
+@pytest.mark.parametrize(
+    ("name", "stores"), [("wide_n64", "aligned"), ("wide_n64", "cells"), ("wide_packed_causal", "aligned")]
+)
+def test_backward_kernels_are_told_the_gradient_layout(monkeypatch, name, stores):
+    """The backward kernels' ``GRAD_BANDS``: true only for gradients in bands at an odd row stride
+    (`GRADIENT_STORES` "aligned"), where they store a row's cells at ``i·(DW - 1) + OFF + j`` under the row mask
+    alone; their gradient buffers' pointers 16-byte aligned (what lets the compiler store 16 bytes at a time)."""
+    from debertakit.attention.triton_access import record_run
+
+    _near_band(monkeypatch, "distance")
+    monkeypatch.setattr(triton_backend, "GRADIENT_STORES", stores)
+    _distance_bands(monkeypatch, 16)
+    c = BANDED_GRID[name]
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(c, torch.float32, DEVICE)
+    told = {kernel: launches[kernel][1]["GRAD_BANDS"] for kernel in triton_backend.BACKWARD}
+    assert told == dict.fromkeys(triton_backend.BACKWARD, GRADIENT_BANDS[name] and stores == "aligned")
+    # the gradient buffers' pointers ("D": divisible by 16 bytes)
+    assert launches["_dq_kernel"][0][21] == launches["_dkv_kernel"][0][21] == ("tensor", "*fp32", "D")
 
 
 def test_gradients_in_one_band_when_asked(monkeypatch):
@@ -1059,11 +1089,37 @@ def test_gradients_in_one_band_when_asked(monkeypatch):
 
 
 def test_v3_gradient_rows_in_bands_at_512():
-    """At v3's N = 512 with the GPU's tiles (64-row bands) a banded gradient row is 592 cells against 1040."""
+    """At v3's N = 512 with the GPU's tiles (64-row bands) a banded gradient row is 577 cells (592 rounded up,
+    `GRADIENT_STORES` "cells") against 1040."""
     tiles = [triton_backend.Tiles(64, 32, 4, 2)] * 3
     band, bands, cells = triton_backend._distance_layout(512, 512, 512, tiles, False, 64, 32)
     assert (band, bands, cells) == (64, 8, 577)
     assert triton_backend._aligned(cells) == 592 and triton_backend._distance_stride(512) == 1040
+    assert triton_backend._gradient_stride(512, band, torch.empty(2, bands, cells)) == 577
+
+
+@pytest.mark.parametrize("dw", [33, 49, 577])
+def test_residue_folds_match_the_folds_at_an_aligned_stride(dw):
+    """`_residue_folds` (a buffer at an odd row stride, read as 8 classes of rows, each view starting s cells
+    before its rows) against the folds of the same cells read directly: the product with the table rows and
+    the per-cell sums with the content rows. Every cell the views read outside a row holds a random value,
+    as the rows beside it and the buffer's slack may: they must meet zeros."""
+    g, m, d = 3, 64, 8
+    width = dw - 16 if dw > 33 else dw  # rows with padding cells, and rows without
+    gen = torch.Generator().manual_seed(dw)
+    flat = torch.randn(g * m * dw + triton_backend.RESIDUES - 1, generator=gen)
+    dist = flat[: g * m * dw].view(g, m, dw)
+    rows = torch.randn(g, width, d, generator=gen)
+    content = torch.randn(g, m, d, generator=gen)
+    product, per_cell = triton_backend._residue_folds(dist, rows, content, width)
+    cells = dist[..., :width].double()
+    torch.testing.assert_close(product.double(), cells @ rows.double(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        per_cell.double(), cells.transpose(1, 2) @ content.double(), rtol=1e-5, atol=1e-4
+    )
+    view = triton_backend._residue_rows(dist, width, 3)  # rows 3, 11, ... from 3 cells before their first
+    assert view.shape == (g, m // 8, width + 7) and view.storage_offset() % 16 == 0
+    assert torch.equal(view[:, :, 3 : 3 + width], dist[:, 3::8, :width])
 
 
 def test_banded_distance_tables_with_dropout(monkeypatch):
@@ -1964,7 +2020,8 @@ def test_static_report_chooses_tiles_spill_free_under_every_triton_version(capsy
 def test_store_cost_variants_apply_to_the_kernels_source(tmp_path):
     """`benchmarks/triton_store_cost.py` builds its variants of the backward's dS store by replacing lines of
     `triton_kernels`' source: each edit applies once to the current source, the variant's `_table_grad` stores
-    as the variant says (no store; the row mask at aligned cells), and a source without the lines is refused."""
+    as the variant says (no store; the row mask at aligned cells; the kernels as they are), and a source without
+    the lines is refused."""
     import inspect
 
     cost = _benchmark_module("triton_store_cost")
@@ -1973,7 +2030,10 @@ def test_store_cost_variants_apply_to_the_kernels_source(tmp_path):
         module = cost.kernels_module(edits, tmp_path)
         grads[variant] = inspect.getsource(module._table_grad.fn)
         assert hasattr(module, "_dq_kernel") and hasattr(module, "_dkv_kernel")
-    assert "mask=near" in grads["now"] and "tl.store(DIST + cells" not in grads["no dS store"]
+    assert "mask=near" in grads["now"] and "mask=near" not in grads["no dS store"]
+    assert (
+        grads["odd stride (GRAD_BANDS)"] == grads["now"]
+    )  # the kernels as they are, compiled with GRAD_BANDS
     aligned = grads["aligned rows, mask per row"]
     assert "mask=owned" in aligned and "(own * DW)[:, None] + kpos[None, :]" in aligned
     with pytest.raises(SystemExit, match="no longer holds"):
@@ -2046,11 +2106,11 @@ GPU_GRID = {
 }
 
 
-def _record_compiled(monkeypatch) -> list:
-    """The compiled kernels `triton_products`' launches return (a GPU's; the interpreter returns none), in
-    launch order, from here on."""
+def _record_compiled(monkeypatch, loader: str = "_products") -> list:
+    """The compiled kernels `triton_products`' launches return (``loader`` "_kernels": the attention kernels';
+    a GPU's: the interpreter returns none), in launch order, from here on."""
     compiled = []
-    products = triton_backend._products()
+    products = getattr(triton_backend, loader)()
 
     class Launches:
         def __init__(self, kernel):
@@ -2063,7 +2123,7 @@ def _record_compiled(monkeypatch) -> list:
         def __getattr__(self, name):
             return Launches(getattr(products, name))
 
-    monkeypatch.setattr(triton_backend, "_products", Recording)
+    monkeypatch.setattr(triton_backend, loader, Recording)
     return compiled
 
 
@@ -2098,6 +2158,31 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
     for got, want in zip(tables["triton"], tables["cublas"]):
         assert got.shape == want.shape and not got.isnan().any()
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_banded_gradient_stores_are_16_bytes_wide_gpu(monkeypatch):
+    """v3 at N = 512 (batch·N = 4096, 12 heads, d 64, bfloat16: the tables and the gradients in 64-row bands)
+    with `GRADIENT_STORES` "aligned" and "cells": the same gradients (the folds sum in another order), every
+    cell written (the buffers start as NaN); the dQ and dK/dV kernels as these launches compiled them store
+    more 16-byte vectors (``st.global.v4.b32``) with "aligned", and fewer 2-byte elements (``st.global.b16``):
+    the dS stores go 16 bytes at a time."""
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    c = Case(n=512, batch=8, heads=12, dim=64, rel=V3)
+    inputs = _inputs(c, torch.bfloat16, "cuda")
+    grads, stores, compiled = {}, {}, _record_compiled(monkeypatch, "_kernels")
+    for mode in triton_backend.GRADIENT_STORES_MODES:
+        monkeypatch.setattr(triton_backend, "GRADIENT_STORES", mode)
+        before = len(compiled)
+        _, grads[mode] = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
+        assert len(compiled) == before + 3  # the forward, dQ, dK/dV
+        ptx = [kernel.asm["ptx"] for kernel in compiled[-2:]]
+        stores[mode] = [(p.count("st.global.v4.b32"), p.count("st.global.b16")) for p in ptx]
+    for got, want in zip(grads["aligned"], grads["cells"]):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-3 * want.abs().max().item())
+    for (wide, narrow), (wide_cells, narrow_cells) in zip(stores["aligned"], stores["cells"]):
+        assert wide > wide_cells and narrow < narrow_cells, stores
 
 
 @pytest.mark.gpu
@@ -2748,9 +2833,9 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
 
 def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
     """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, with
-    the product kernel's two variants, with its rows' ends masked and with its gradients in one band, and the kernels without position
-    terms, with its time split by kernel (summing to the row's time); ``--impls``
-    keeps only the named rows of ``attention``."""
+    the product kernel's two variants, with its rows' ends masked, with its gradients in one band and stored by
+    cell, and the kernels without position terms, with its time split by kernel (summing to the row's time);
+    ``--impls`` keeps only the named rows of ``attention``."""
     import json
 
     out = tmp_path / "profile.json"
@@ -2771,6 +2856,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (product row loop)",
         "triton (product edges masked)",
         "triton (gradients in one band)",
+        "triton (gradient stores by cell)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -3457,13 +3543,13 @@ def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
 def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, road):
     """What the compiled kernels assume (`triton_aot.attributes`, from which the static report compiles them, and
     `PRODUCT_ALIGNED`): every pointer a launch passes 16-byte aligned, as Triton's launch then specialises it,
-    and the integers said to be multiples of 16 such multiples, forward and backward, distance tables in bands
-    (`wide_padding`) and in one band, and the tables road. Banded tables once started on an odd element (their
+    and the integers said to be multiples of 16 such multiples (and DW one more than one with ``GRAD_BANDS``),
+    forward and backward, distance tables in bands (`wide_padding`) and in one band, and the tables road. Banded tables once started on an odd element (their
     lead of zeros, `_distance_slack`, is odd), and a GPU compiled the kernels there with element loads
     (`_product_buffer`)."""
     from debertakit.attention import triton_kernels, triton_products
     from debertakit.attention.triton_access import record_run
-    from debertakit.attention.triton_aot import ALIGNED_INTS, PRODUCT_ALIGNED
+    from debertakit.attention.triton_aot import PRODUCT_ALIGNED, aligned_ints
 
     _near_band(monkeypatch, road)
     bands = _distance_bands(monkeypatch, 16) if road == "distance" else []
@@ -3473,10 +3559,8 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
     assert set(triton_backend.KERNEL_NAMES) <= set(launches)
     assert bands == ([16, 16] if name == "wide_padding" else [0, 0] if road == "distance" else [])
 
-    def aligned_ints(kernel: str, kwargs: dict) -> set[str]:
-        if kernel == "_distance_product_kernel":
-            return PRODUCT_ALIGNED
-        return ALIGNED_INTS | ({"R"} if kwargs.get("DIST") else set())
+    def ints(kernel: str, kwargs: dict) -> set[str]:
+        return PRODUCT_ALIGNED if kernel == "_distance_product_kernel" else aligned_ints(kwargs)
 
     unaligned = []
     for kernel, (args, kwargs) in launches.items():
@@ -3484,8 +3568,10 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
         for name, arg in zip(fn.arg_names, args):
             if isinstance(arg, tuple) and arg[0] == "tensor":
                 bad = arg[2] != "D"
+            elif name == "DW" and kwargs.get("GRAD_BANDS"):  # (`_table_grad` says DW - 1 a multiple of 16)
+                bad = arg % 16 != 1
             else:
-                bad = name in aligned_ints(kernel, kwargs) and arg % 16 != 0
+                bad = name in ints(kernel, kwargs) and arg % 16 != 0
             if bad:
                 unaligned.append((kernel, name, arg))
     assert not unaligned
