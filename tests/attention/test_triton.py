@@ -992,13 +992,13 @@ GRADIENT_BANDS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("name", "stores"),
-    [(name, "aligned") for name in GRADIENT_BANDS]
-    + [
-        (name, "cells") for name, banded in GRADIENT_BANDS.items() if banded
-    ],  # (one band: the same either way)
-)
+# every case with the default stores; the banded ones also by cell (with one band the mode changes nothing)
+GRADIENT_CASES = [(name, "aligned") for name in GRADIENT_BANDS] + [
+    (name, "cells") for name, banded in GRADIENT_BANDS.items() if banded
+]
+
+
+@pytest.mark.parametrize(("name", "stores"), GRADIENT_CASES)
 def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name, stores):
     """Where the distance tables are in bands the backward's distance-space gradients are too, if that makes
     their rows narrower than one band's 2·sat + 1 cells: each buffer (H, bands, B, band, DW) in its table's
@@ -2031,9 +2031,8 @@ def test_store_cost_variants_apply_to_the_kernels_source(tmp_path):
         grads[variant] = inspect.getsource(module._table_grad.fn)
         assert hasattr(module, "_dq_kernel") and hasattr(module, "_dkv_kernel")
     assert "mask=near" in grads["now"] and "mask=near" not in grads["no dS store"]
-    assert (
-        grads["odd stride (GRAD_BANDS)"] == grads["now"]
-    )  # the kernels as they are, compiled with GRAD_BANDS
+    # the kernels as they are, compiled with GRAD_BANDS
+    assert grads["odd stride (GRAD_BANDS)"] == grads["now"]
     aligned = grads["aligned rows, mask per row"]
     assert "mask=owned" in aligned and "(own * DW)[:, None] + kpos[None, :]" in aligned
     with pytest.raises(SystemExit, match="no longer holds"):
