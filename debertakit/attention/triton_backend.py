@@ -1105,6 +1105,13 @@ GRADIENT_STORES = "aligned"
 RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is 8 cells modulo 16
 
 
+def _by_residues(stride: int) -> bool:
+    """Whether gradients in bands at this row stride are "aligned" ones (`GRADIENT_STORES`): 1 modulo 16, so
+    that the kernels store them 16 bytes at a time (``GRAD_BANDS``) and the folds read them by residue classes
+    (`_residue_rows`); "cells" strides are multiples of 16."""
+    return stride % DIST_ALIGN == 1
+
+
 def _gradient_stride(sat: int, band: int, cells: Tensor | None) -> int:
     """The row stride of the backward's distance-space gradient buffers: one band's 2·sat + 1 cells rounded up
     (`_distance_stride`), or, where the distance tables are in bands (``band`` > 0) and their rows are narrower,
@@ -1135,7 +1142,7 @@ def _gradient_buffer(
     if not band:
         return _distance_buffer(heads, batch * n, stride, dtype, dev, ij)
     padded = _distance_padded_rows(n, band)
-    slack = RESIDUES - 1 if stride % DIST_ALIGN else 0  # (`_residue_rows`)
+    slack = RESIDUES - 1 if _by_residues(stride) else 0  # (`_residue_rows`)
     buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij, slack)
     if padded > n:
         per_band = buffer.view(heads, padded // band, batch, band, stride)
@@ -1163,12 +1170,12 @@ def _fold_bands(
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
-    content = _band_major(content, batch, n, band, bands)
-    if dist.shape[-1] % DIST_ALIGN:  # an odd row stride (`GRADIENT_STORES` "aligned")
-        product, per_cell = _residue_folds(per_band, _cell_rows(table, cells), content, width)
+    content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
+    if _by_residues(dist.shape[-1]):
+        product, per_cell = _residue_folds(per_band, rows, content, width)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
         per_band = per_band[..., :width]
-        product = _matmul_f32(per_band, _cell_rows(table, cells))  # (H·bands, B·band, d)
+        product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
         per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
     into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
     whole = n // band  # the bands of real rows only; the last one's padding rows are not added
@@ -1276,7 +1283,7 @@ def _bwd(
         )  # fmt: skip
         DW = _gradient_stride(sat, band if dist else 0, cells)
         banded = DW < _distance_stride(sat)  # the gradient buffers in the tables' bands (`_gradient_stride`)
-        grad_bands = banded and DW % DIST_ALIGN == 1  # stored 16 bytes at a time (`GRADIENT_STORES`)
+        grad_bands = banded and _by_residues(DW)  # stored 16 bytes at a time
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
