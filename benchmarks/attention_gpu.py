@@ -173,9 +173,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--product-programs",
-        choices=("blocks", "rows"),
+        choices=("blocks", "rows", "columns"),
         help="the product kernel's programs in every row (triton_backend.PRODUCT_PROGRAMS; default: the "
-        "backend's); with rows, the tile sweep of _distance_product_kernel sets PRODUCT_ROW_TILES",
+        "backend's); with rows or columns, the tile sweep of _distance_product_kernel sets PRODUCT_ROW_TILES or "
+        "PRODUCT_COLUMN_TILES",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
@@ -354,6 +355,7 @@ def _attention_rows(
             CUBLAS_TABLES_ROW: dict(DISTANCE_PRODUCT="cublas"),
             PRODUCT_TMA_ROW: dict(PRODUCT_STORES="tma"),
             PRODUCT_ROWS_ROW: dict(PRODUCT_PROGRAMS="rows"),
+            PRODUCT_COLUMNS_ROW: dict(PRODUCT_PROGRAMS="columns"),
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
@@ -433,15 +435,19 @@ PRODUCT_TMA_ROW = "triton (product TMA stores)"
 # `triton` with one product-kernel program per row block, its column blocks in a pipelined loop
 # (`triton_backend.PRODUCT_PROGRAMS` "rows", at `PRODUCT_ROW_TILES`), against one program per block
 PRODUCT_ROWS_ROW = "triton (product row loop)"
+# `triton` with one product-kernel program per column block and residue, its table rows gathered once and its
+# row blocks in a pipelined loop (`triton_backend.PRODUCT_PROGRAMS` "columns", at `PRODUCT_COLUMN_TILES`)
+PRODUCT_COLUMNS_ROW = "triton (product column loop)"
 # `triton` with the product kernel's row ends stored element by element (`triton_backend.PRODUCT_EDGES`
 # "masked", the default before 2026-11-27), against the default's 16-byte stores throughout ("wrap")
 PRODUCT_MASKED_EDGES_ROW = "triton (product edges masked)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
-# `triton` with the banded gradients at a row stride of 16 cells, stored element by element
-# (`triton_backend.GRADIENT_STORES` "cells", the default before 2026-11-27), against the default's odd stride
-# and 16-byte stores read back by residue classes ("aligned"): what the aligned stores save at N <= 512
+# `triton` with the distance road's gradients at a row stride of 16 cells, stored element by element
+# (`triton_backend.GRADIENT_STORES` "cells", the default before 2026-11-27), against the default's tables' rows
+# at their odd stride, 16-byte stores read back by residue classes ("aligned"): what the aligned stores save,
+# in bands (v3 at N <= 512) and in one band (N > 512, where the near tiles also sum no saturated pair)
 CELL_STORES_ROW = "triton (gradient stores by cell)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
@@ -466,6 +472,7 @@ def attention_row_names() -> list[str]:
         CUBLAS_TABLES_ROW,
         PRODUCT_TMA_ROW,
         PRODUCT_ROWS_ROW,
+        PRODUCT_COLUMNS_ROW,
         PRODUCT_MASKED_EDGES_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
@@ -584,7 +591,8 @@ def parse_tiles(spec: str):
 
 # the distance tables' product kernel (`triton_products`): ``--tile-kernels`` may name it beside the attention
 # kernels; its tiles are `triton_backend.PRODUCT_TILES` (stages unused: the kernel has no loop), or with
-# `--product-programs rows` `PRODUCT_ROW_TILES` (whose stages pipeline the row's loop)
+# `--product-programs rows` `PRODUCT_ROW_TILES` (whose stages pipeline the row's loop), with `columns`
+# `PRODUCT_COLUMN_TILES`
 PRODUCT_KERNEL = "_distance_product_kernel"
 
 
@@ -613,8 +621,9 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
     def measure(tiles, n: int) -> list[dict]:
         settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
         if product:  # the tiles of the kernel's programs as this run has them (--product-programs)
-            rows = triton_backend.PRODUCT_PROGRAMS == "rows"
-            settings["PRODUCT_ROW_TILES" if rows else "PRODUCT_TILES"] = tiles
+            programs = triton_backend.PRODUCT_PROGRAMS
+            names = dict(rows="PRODUCT_ROW_TILES", columns="PRODUCT_COLUMN_TILES")
+            settings[names.get(programs, "PRODUCT_TILES")] = tiles
         # with position terms, and where the attention kernels take the tiles the same tiles' plain-attention
         # ceiling (the plain row builds no distance table)
         only = ("triton", PLAIN_ROW) if kernels else ("triton",)
@@ -684,6 +693,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             CUBLAS_TABLES_ROW,
             PRODUCT_TMA_ROW,
             PRODUCT_ROWS_ROW,
+            PRODUCT_COLUMNS_ROW,
             PRODUCT_MASKED_EDGES_ROW,
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,

@@ -24,9 +24,10 @@ each step's cap and what it decides):
    is the code's correctness on a GPU and where its time goes);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
 7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`), and
-   ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``: of the distance tables' product kernel
-   (`PRODUCT_TILES`), with an address per element, with tensor-memory stores (`PRODUCT_STORES`), and as a loop
-   per row block (`PRODUCT_PROGRAMS`, `PRODUCT_ROW_TILES`);
+   ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``, ``tiles-product-columns``: of the distance
+   tables' product kernel (`PRODUCT_TILES`), with an address per element, with tensor-memory stores
+   (`PRODUCT_STORES`), as a loop per row block (`PRODUCT_PROGRAMS`, `PRODUCT_ROW_TILES`) and as a loop per
+   column block (`PRODUCT_COLUMN_TILES`);
 8. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
 
 Each step runs as a child process in its own process group, its output in ``logs/<step>.log``. When its cap
@@ -91,7 +92,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's rows'
 # ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what storing them whole saves), with the backward's
 # gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512), with the banded
-# gradients stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save at N = 512; the product
+# gradients stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in bands and
+# from 2048 in one band; the product
 # kernel's two variants, timed on an H200 and not faster, are left to the profile step), with one geometry for
 # all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
 # (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
@@ -119,6 +121,9 @@ PRODUCT_SWEEP_TILES = ["64x64w4s1", "64x128w8s1", "128x64w8s1", "128x128w8s1", "
 # and of its row loop (`triton_backend.PRODUCT_PROGRAMS` "rows", `PRODUCT_ROW_TILES` 64x64 w4 s3): two and three
 # stages, larger shapes; spill-free for sm_90 at every head dim (the same script)
 PRODUCT_ROW_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "64x128w8s3", "128x64w8s3", "128x128w8s3"]
+# and of its column loop (`PRODUCT_PROGRAMS` "columns", `PRODUCT_COLUMN_TILES` 64x64 w4 s3): the same kind of
+# shapes, spill-free for sm_90 at every head dim (the same script)
+PRODUCT_COLUMN_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "128x64w8s3", "64x128w8s3"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -277,6 +282,12 @@ PLAN = [
         "tiles-product-rows", "shapes of the product kernel's row loop (PRODUCT_PROGRAMS rows, PRODUCT_ROW_TILES)",
         120, 60, *PRODUCT_SWEEP, *PRODUCT_ROW_SWEEP_TILES, "--product-programs", "rows",
         out="attention_gpu_tiles_product_rows.json",
+    ),
+    _bench(
+        "tiles-product-columns",
+        "shapes of the product kernel's column loop (PRODUCT_PROGRAMS columns, PRODUCT_COLUMN_TILES)", 120, 60,
+        *PRODUCT_SWEEP, *PRODUCT_COLUMN_SWEEP_TILES, "--product-programs", "columns",
+        out="attention_gpu_tiles_product_columns.json",
     ),
     _bench(
         "dropout", "the roads in training with dropout 0.1", 150, 60, "--sections", "dropout", *LENGTHS,

@@ -14,7 +14,8 @@ i - j, c2p + p2c, key padding: a padded v3 batch), ``packed`` (the same with seg
 (``+dropout``: the kernels draw the mask with Philox, which needs registers). Every kernel is also compiled
 with its near band read from distance tables (``v3+dist``, ``packed+dist``, and both ``+dropout``:
 `triton_backend.NEAR_BAND` = "distance", which runs at the tiles of `GPU_TILES`, with dropout at those of
-`DROPOUT_TILES`) and computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
+`DROPOUT_TILES`; their gradients in the tables' one band, stored 16 bytes at a time: ``GRAD_BANDS``,
+`triton_backend.GRADIENT_STORES` "aligned") and computed from the position tables (``v3+skew``, ``packed+skew``, and both ``+dropout``:
 `triton_backend.NEAR_BAND` = "skew"); the forward also with no position terms (``plain``): plain attention in
 the same kernel, the control. The sets above are of inputs longer than the saturation (``FAR_TILES``: far tiles
 occur, three runs per program); ``short``, ``short+dist`` and both ``+dropout`` are the ``v3`` ones no longer
@@ -77,7 +78,11 @@ _SETS = {
 }
 # the near band read from distance tables (`triton_backend.NEAR_BAND` = "distance"): at GPU_TILES' tiles, and
 # with dropout at DROPOUT_TILES'
-_DIST_SETS = {f"{name}+dist": dict(_SETS[name], DROPOUT=False, DIST=True) for name in ("v3", "packed")}
+# with its gradients in the tables' one band, stored 16 bytes at a time (``GRAD_BANDS``:
+# `triton_backend.GRADIENT_STORES` "aligned")
+_DIST_SETS = {
+    f"{name}+dist": dict(_SETS[name], DROPOUT=False, DIST=True, GRAD_BANDS=True) for name in ("v3", "packed")
+}
 _DIST_DROPOUT_SETS = {f"{name}+dropout": dict(f, DROPOUT=True) for name, f in _DIST_SETS.items()}
 # a padded v3 batch no longer than the saturation (N <= 512 for v3): no far tile, one near run per program whose
 # backward sums no saturated pair (``FAR_TILES`` false), on the distance road with its gradients in the tables'

@@ -15,9 +15,11 @@ global stores:
   buffer whose rows start 16-byte aligned at the tile's first partner would compile to, with no per-pair mask:
   for instance, rows shifted within their padding by their index modulo 8, and wide enough for every pair of a
   near tile. It is not a correct kernel; it shows what such a layout would leave of the store.
-- ``odd stride (GRAD_BANDS)``: the kernels as they are, for gradients in bands at an odd row stride
-  (`triton_backend.GRADIENT_STORES` "aligned", the default since 2026-11-27): the layout the previous variant
-  stood for, built for the inputs without far tiles (the ``short`` set), whose rows need no per-pair mask.
+- ``odd stride (GRAD_BANDS)``: the kernels as they are, for gradients in the distance tables' layout at its
+  odd row stride (`triton_backend.GRADIENT_STORES` "aligned", the default): the layout the previous variant
+  stood for, built for the inputs without far tiles (the ``short`` set, in the tables' bands; since
+  2026-11-27) and for those with far tiles (``v3+dist``, in their one band, wide enough for every pair of a
+  near tile; since 2026-11-27, later), whose rows need no per-pair mask and whose near tiles sum no saturated pair.
 
 The first three compile the sets with ``GRAD_BANDS`` off (the buffers at a row stride of 16 cells). The variants
 are made by replacing the store's lines in a copy of `triton_kernels`' source; the script stops if those lines
@@ -72,7 +74,7 @@ VARIANTS = {
     ],
     "odd stride (GRAD_BANDS)": [],
 }
-BANDED = "odd stride (GRAD_BANDS)"  # compiled with GRAD_BANDS, for the short set only
+BANDED = "odd stride (GRAD_BANDS)"  # compiled with GRAD_BANDS
 
 
 def kernels_module(edits: list[tuple[str, str]], folder: Path):
@@ -102,8 +104,6 @@ def measure() -> list[dict]:
             for kernel in KERNELS:
                 tiles = triton_backend.GPU_TILES[64][kernel]
                 for features in SETS:
-                    if variant == BANDED and features != "short+dist":
-                        continue
                     flags = dict(FEATURES[features], GRAD_BANDS=variant == BANDED)
                     c = compile_kernel(getattr(module, kernel), "bf16", 64, tiles, flags)
                     row = dict(

@@ -224,8 +224,8 @@ def attributes(fn, sig: dict, constexprs: dict) -> dict:
     """What a launch tells the compiler about the arguments (Triton's ``D`` specialisation, "divisible by 16"):
     PyTorch's allocator aligns pointers to 16 bytes and the activations' strides are multiples of 16 elements for
     the head dims served (the distance buffers' row stride and the distance tables' row step R by construction;
-    not the row stride of gradients in bands, odd with ``GRAD_BANDS``), so the code compiled here can use vector
-    loads, as the code compiled at run time does."""
+    not the row stride of gradients in the tables' layout, odd with ``GRAD_BANDS``), so the code compiled here
+    can use vector loads, as the code compiled at run time does."""
     ints = aligned_ints(constexprs)
     aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*") or name in ints]
     return {(i,): [["tt.divisibility", 16]] for i in aligned}
@@ -234,7 +234,8 @@ def attributes(fn, sig: dict, constexprs: dict) -> dict:
 def aligned_ints(flags: dict) -> set[str]:
     """The attention kernels' integer arguments a launch with these constexpr ``flags`` passes as multiples of
     16: the activations' strides, the distance tables' row step R (``DIST``) and the distance buffers' row
-    stride DW, except for gradients in bands (``GRAD_BANDS``: DW ≡ 1 modulo 16)."""
+    stride DW, except for gradients in the tables' layout, in bands or one band (``GRAD_BANDS``: DW ≡ 1 modulo
+    16)."""
     ints = ALIGNED_INTS | ({"R"} if flags.get("DIST") else set())
     return ints - {"DW"} if flags.get("GRAD_BANDS") else ints
 
@@ -298,6 +299,7 @@ def compile_product_kernel(
     tma: bool = False,
     row_loop: bool = False,
     wrap: bool = True,
+    col_loop: bool = False,
 ) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
     reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
@@ -307,10 +309,12 @@ def compile_product_kernel(
     (``ops["STG.128"]``). With ``tma`` the inner blocks are stored through a tensor descriptor instead
     (`triton_backend.PRODUCT_STORES`): ``ops["TMA"]`` counts the PTX's tensor-memory stores
     (``cp.async.bulk.tensor``). With ``row_loop`` a program runs over its row block's column blocks
-    (`triton_backend.PRODUCT_PROGRAMS` "rows"): ``tile_loops`` then holds that loop."""
+    (`triton_backend.PRODUCT_PROGRAMS` "rows"), with ``col_loop`` over its column block's row blocks ("columns",
+    `PRODUCT_COLUMN_GROUPS` of them): ``tile_loops`` then holds that loop."""
     from triton.compiler import ASTSource
 
     from debertakit.attention import triton_products
+    from debertakit.attention.triton_backend import PRODUCT_COLUMN_GROUPS
 
     fn = triton_products._distance_product_kernel
     # elements in 16 bytes, as `triton_backend._kernel_band_product` sets it
@@ -324,6 +328,8 @@ def compile_product_kernel(
         TMA=tma,
         ROW_LOOP=row_loop,
         WRAP=wrap,
+        COL_LOOP=col_loop,
+        GROUPS=PRODUCT_COLUMN_GROUPS,
     )
     if not tma:
         constexprs["OUT_DESC"] = None  # what the launch passes without descriptor

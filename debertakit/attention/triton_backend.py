@@ -521,8 +521,14 @@ PRODUCT_STORES = "pointers"
 # (`benchmarks/results/attention_ncu_h100_9b811db.md`). The loop was slower on an H200 (the two tables in 0.367
 # ms against 0.298 at N = 512, 0.671 against 0.505 at 2048; `attention_gpu_h200_996fc93_profile.json`):
 # "blocks" stays the default.
-PRODUCT_PROGRAMS_MODES = ("blocks", "rows")
+# "columns", one per column block and residue, gathering its cells' table rows once and running over GROUPS
+# row blocks (`PRODUCT_COLUMN_TILES`' stages pipelining the next block's rows of q / k): with one band every row
+# of a column block meets the same table rows, and a program's loads are then its rows of q / k alone, read
+# in order (not yet timed on a GPU).
+PRODUCT_PROGRAMS_MODES = ("blocks", "rows", "columns")
 PRODUCT_PROGRAMS = "blocks"
+PRODUCT_COLUMN_TILES = Tiles(64, 64, 4, 3)  # (the row loop's shape and stages)
+PRODUCT_COLUMN_GROUPS = 8  # row blocks per "columns" program: at v3's N = 2048 7680 programs of 8 blocks
 # How the product kernel stores the ends of each row (`triton_products`): "wrap", 16 bytes at a time like the
 # rest, the cells a block reaches outside its row computed for the row they belong to (each cell written once),
 # or "masked", element by element, the cells outside the row left out. A table is contiguous, so row m's cells
@@ -603,13 +609,15 @@ def _kernel_band_product(
     _check_mode("PRODUCT_PROGRAMS", PRODUCT_PROGRAMS, PRODUCT_PROGRAMS_MODES)
     _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
     _check_mode("PRODUCT_EDGES", PRODUCT_EDGES, PRODUCT_EDGES_MODES)
-    row_loop = PRODUCT_PROGRAMS == "rows"
-    t = PRODUCT_ROW_TILES if row_loop else PRODUCT_TILES
+    row_loop, col_loop = PRODUCT_PROGRAMS == "rows", PRODUCT_PROGRAMS == "columns"
+    t = PRODUCT_ROW_TILES if row_loop else PRODUCT_COLUMN_TILES if col_loop else PRODUCT_TILES
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
     tma = _tma_stores(heads, m, vec)
     # "wrap" reads row m - 1 as the token before row m's: rows per band a multiple of vec (always, as laid out)
     wrap = PRODUCT_EDGES == "wrap" and per_band % vec == 0
     blocks = triton_cdiv(m, vec * t.block_m) * vec  # row blocks, each of one residue
+    if col_loop:  # runs of PRODUCT_COLUMN_GROUPS row blocks of one residue
+        blocks = triton_cdiv(blocks // vec, PRODUCT_COLUMN_GROUPS) * vec
     if not row_loop:
         blocks *= triton_cdiv(width - 1 + vec, t.block_n)  # and column blocks
     grid = (blocks, H * bands)
@@ -635,6 +643,8 @@ def _kernel_band_product(
         TMA=tma,
         ROW_LOOP=row_loop,
         WRAP=wrap,
+        COL_LOOP=col_loop,
+        GROUPS=PRODUCT_COLUMN_GROUPS,
         **_launch(t),
     )
     return flat
@@ -1065,26 +1075,19 @@ def _distance_stride(sat: int) -> int:
     return _aligned(2 * sat + 1)
 
 
-def _distance_buffer(
-    heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool, slack: int = 0
-) -> Tensor:
+def _distance_buffer(heads: int, rows: int, stride: int, dtype: torch.dtype, dev, ij: bool) -> Tensor:
     """A distance-space gradient buffer (H, B·N, W'): each row's W = 2·sat + 1 cells, then zero columns up to
     W' (``stride``: the kernels' row stride ``DW``, `_distance_stride`). At distance i - j the
     backward kernels write every cell, zeros included (`triton_kernels._table_grad`, `_zero_unvisited`, the
     padding in `_store_row_ends`): the buffer is allocated without a fill, which would write it whole once more
     (at v3-base sizes a fifth to a quarter of the backward's traffic outside the kernels:
-    `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled.
-    ``slack`` zeros follow the buffer in its storage (`_residue_rows` reads up to 7 cells past its last row)."""
-    size = heads * rows * stride
+    `benchmarks/triton_host_cost.py`). With explicit positions they store visible pairs only: zero-filled."""
     if not ij:
-        flat = torch.zeros(size + slack, dtype=dtype, device=dev)
-    else:
-        flat = torch.empty(size + slack, dtype=dtype, device=dev)
-        if POISON_DISTANCE_BUFFERS:
-            flat.fill_(float("nan"))
-        if slack:
-            flat[size:].zero_()
-    return flat[:size].view(heads, rows, stride)
+        return torch.zeros((heads, rows, stride), dtype=dtype, device=dev)
+    buffer = torch.empty((heads, rows, stride), dtype=dtype, device=dev)
+    if POISON_DISTANCE_BUFFERS:
+        buffer.fill_(float("nan"))
+    return buffer
 
 
 # The backward's distance-space gradients in the tables' bands where that narrows their rows
@@ -1092,58 +1095,87 @@ def _distance_buffer(
 # (gradients in one band)" times the two side by side)
 GRADIENT_BANDS = True
 
-# How the backward kernels store the gradients of banded rows. "aligned": at an odd row stride DW ≡ 1 (mod 16),
-# where a row's cells for a tile's partners start 16-byte aligned, so the kernels store 16 bytes at a time
-# under the row mask alone (`triton_kernels._table_grad`, ``GRAD_BANDS``), and the folds read the buffer by
-# residue classes of rows (`_residue_rows`). "cells": at the row stride rounded up to 16, each tile row's
-# first cell one element further than the last row's, stored element by element (as before 2026-11-27; the
-# benchmark's row "triton (gradient stores by cell)"). Compiled for sm_90 at the GPU tiles (bf16, d 64, no far
-# tile: `benchmarks/triton_static.py`) "aligned" takes dQ's near loop from 587 instructions a thread to 447
-# and 149 registers to 128, dK/dV's from 673 to 537 and 246 registers to 187 (Triton 3.6).
+# How the backward kernels store the distance-space gradients on the distance road. "aligned": in the distance
+# tables' own rows at their odd row stride DW ≡ 1 (mod 16), in bands or in one band (`_gradient_stride`), where
+# a row's cells for a tile's partners start 16-byte aligned and every pair of a near tile has its cell, so the
+# kernels store 16 bytes at a time under the row mask alone (`triton_kernels._table_grad`, ``GRAD_BANDS``),
+# and the folds read the buffer by residue classes of rows (`_residue_rows`). "cells": banded rows at their
+# stride rounded up to 16 and one band's 2·sat + 1 cells rounded up, each tile row's first cell one element
+# further than the last row's, stored element by element, the saturated pairs of a near tile summed (as before
+# 2026-11-27; the benchmark's row "triton (gradient stores by cell)"). Compiled for sm_90 at the GPU tiles
+# (bf16, d 64: `benchmarks/triton_store_cost.py`) "aligned" takes dQ's near loop from 587 instructions a
+# thread to 447 and 149 registers to 128, dK/dV's from 673 to 537 and 246 registers to 187 without far tiles
+# (Triton 3.6; with them: README, "One band's gradients stored 16 bytes at a time").
 GRADIENT_STORES_MODES = ("aligned", "cells")
 GRADIENT_STORES = "aligned"
 RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is 8 cells modulo 16
 
 
 def _by_residues(stride: int) -> bool:
-    """Whether gradients in bands at this row stride are "aligned" ones (`GRADIENT_STORES`): 1 modulo 16, so
+    """Whether gradient buffers at this row stride are "aligned" ones (`GRADIENT_STORES`): 1 modulo 16, so
     that the kernels store them 16 bytes at a time (``GRAD_BANDS``) and the folds read them by residue classes
     (`_residue_rows`); "cells" strides are multiples of 16."""
     return stride % DIST_ALIGN == 1
 
 
-def _gradient_stride(sat: int, band: int, cells: Tensor | None) -> int:
+def _stored_reach(nq: int, nk: int, t_dq: Tiles, t_dkv: Tiles, sat: int, far_tiles: bool) -> int:
+    """The largest |i - j| of a pair whose dS the backward kernels may store in a cell of its own (one band's
+    rows with the stores 16 bytes wide: `_gradient_stride`): any pair of the blocks their loops visit, the
+    partners' blocks running past the end to whole tiles; with far tiles, any pair of a near run
+    (`triton_kernels._split`: less than sat + BLOCK_M + BLOCK_N - 2 apart), the far tiles only summing."""
+    farthest = max(
+        triton_cdiv(nk, t_dq.block_n) * t_dq.block_n, triton_cdiv(nq, t_dkv.block_m) * t_dkv.block_m
+    )
+    if far_tiles:
+        return min(farthest - 1, sat + max(t.block_m + t.block_n for t in (t_dq, t_dkv)) - 3)
+    return farthest - 1
+
+
+def _gradient_stride(sat: int, band: int, cells: Tensor | None, farthest: int) -> int:
     """The row stride of the backward's distance-space gradient buffers: one band's 2·sat + 1 cells rounded up
-    (`_distance_stride`), or, where the distance tables are in bands (``band`` > 0) and their rows are narrower,
-    theirs rounded up (`GRADIENT_STORES` "cells") or to 1 modulo 16 ("aligned": a band's N' + band + 1 cells
-    are that already): the buffers then take the tables' layout (`_gradient_buffer`; at v3's N = 512, 577 cells
-    a row against 1040: the backward kernels store and the folds read 44% fewer). The kernels tell the layouts
-    apart by this stride and ``GRAD_BANDS`` (`triton_kernels._grad_rows`). A packed row longer than the
-    saturation, of shorter sequences, has banded tables (no far tile) whose rows may be the wider: one band
-    then."""
+    (`_distance_stride`: the "classic" layout), or the distance tables' own rows (the buffers then take the
+    tables' layout, `_gradient_buffer`, and the kernels store a row's cells by partner, ``GRAD_BANDS``):
+
+    - where the tables are in bands (``band`` > 0) and their rows are narrower: theirs rounded up
+      (`GRADIENT_STORES` "cells") or as they are, 1 modulo 16 ("aligned": a band's N' + band + 1 cells are that
+      already). At v3's N = 512, 577 cells a row against 1040: the kernels store and the folds read 44% fewer.
+      A packed row longer than the saturation, of shorter sequences, has banded tables (no far tile) whose
+      rows may be the wider: the classic layout then.
+    - with one band ("aligned"): the tables' 2·reach + 1 cells, 1 modulo 32, where reach is beyond every pair
+      the kernels store (``farthest``, `_stored_reach`): every pair of a near tile then has its cell, the
+      saturated ones too (they fold as the table's end rows), so the kernels store 16 bytes at a time under
+      the row mask alone and sum no saturated pair of a near tile; the far tiles' sums keep the end cells.
+      At v3 with far tiles (N > 512) 1217 cells a row against 1040 at 64×32 tiles; at N = 128, 257.
+
+    The kernels tell the layouts apart by this stride, LOG2_BAND and ``GRAD_BANDS``
+    (`triton_kernels._grad_rows`)."""
     _check_mode("GRADIENT_STORES", GRADIENT_STORES, GRADIENT_STORES_MODES)
     one = _distance_stride(sat)
-    if not (band and GRADIENT_BANDS and _aligned(cells.shape[2]) < one):
+    if cells is None:
+        return one
+    width = cells.shape[2]
+    if band == 0:
+        aligned = GRADIENT_STORES == "aligned" and width // 2 > farthest
+        return width if aligned else one
+    if not (GRADIENT_BANDS and _aligned(width) < one):
         return one
     if GRADIENT_STORES == "aligned":
-        return _aligned(cells.shape[2] - 1) + 1
-    return _aligned(cells.shape[2])
+        return _aligned(width - 1) + 1
+    return _aligned(width)
 
 
 def _gradient_buffer(
     heads: int, batch: int, n: int, band: int, stride: int, dtype: torch.dtype, dev, ij: bool
 ) -> Tensor:
-    """A distance-space gradient buffer for ``n`` rows per (b, h): (H, B·N, stride) with one band
-    (`_distance_buffer`); with bands, the tables' layout (H, bands, B, band, stride) flat as (H, B·N', stride),
-    N' the rows padded to whole bands. The kernels write every cell of the rows they own (`triton_kernels.
-    _grad_rows`); the padding rows, which no program owns, are zeroed here (a strided view of the last band).
-    At an odd ``stride`` (`GRADIENT_STORES` "aligned") 7 zeros follow the buffer, which the folds' views of its
-    last rows read (`_residue_rows`)."""
+    """A distance-space gradient buffer for ``n`` rows per (b, h): (H, B·N, stride) in the classic layout
+    (``band`` 0, `_distance_buffer`); in the tables' layout (H, bands, B, band, stride) flat as (H, B·N',
+    stride), N' the rows padded to whole bands (one band of `_padded_rows` (n) where the tables have one). The
+    kernels write every cell of the rows they own (`triton_kernels._grad_rows`); the padding rows, which no
+    program owns, are zeroed here (a strided view of the last band)."""
     if not band:
         return _distance_buffer(heads, batch * n, stride, dtype, dev, ij)
     padded = _distance_padded_rows(n, band)
-    slack = RESIDUES - 1 if _by_residues(stride) else 0  # (`_residue_rows`)
-    buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij, slack)
+    buffer = _distance_buffer(heads, batch * padded, stride, dtype, dev, ij)
     if padded > n:
         per_band = buffer.view(heads, padded // band, batch, band, stride)
         per_band[:, -1, :, n - (padded - band) :].zero_()
@@ -1165,14 +1197,21 @@ def _fold_bands(
     (head, band) its (B·band, cells) rows against the position-table rows its ``cells`` (bands, cells) index
     (`_distance_cells`, the tables' own: a band's cell e stands for the same distance in the gradient as in the
     table), added into ``grad`` (B, H, N, d) from a float32 (H, B·N', d) product read in place (one add, no
-    copy into ``grad``'s order), and against the ``content`` rows (H, B·N, d) copied band-major, folded into
-    the table's rows through the cells. Returns the table's gradient (H, R, d), float32."""
+    copy into ``grad``'s order; with one band of unpadded rows in ``grad``'s per-head view, `_per_head_view`,
+    the products add into it in their epilogue), and against the ``content`` rows (H, B·N, d) copied
+    band-major, folded into the table's rows through the cells. Returns the table's gradient (H, R, d),
+    float32."""
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
     content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
     if _by_residues(dist.shape[-1]):
-        product, per_cell = _residue_folds(per_band, rows, content, width)
+        # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
+        # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
+        into = _per_head_view(grad) if bands == 1 and band == n else None
+        product, per_cell = _residue_folds(per_band, rows, content, width, into, scale)
+        if into is not None:
+            return _into_rows(per_cell, cells.flatten(), table.shape[1], scale)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
         per_band = per_band[..., :width]
         product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
@@ -1192,18 +1231,22 @@ def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
     starts 16-element aligned and its rows lie 8·DW apart, a multiple of 8 elements (16 bytes in bfloat16):
     aligned as cuBLAS's vectorised kernels want, where on the buffer itself at its odd stride it ran a
     one-element-aligned one (four folds 2.042 ms against 0.656 at an aligned stride on an H200: README,
-    "Measured on an H200"). The cells the view reads outside a row's ``width`` (the rows beside it, and up to 7
-    zeros past the buffer's last row: `_gradient_buffer`'s slack) meet zeros in the folds."""
+    "Measured on an H200"). The cells the view reads outside a row's ``width`` (the rows beside it) meet zeros
+    in the folds. None lies past the buffer: class 7's last view row, the buffer's last row, ends at that row's
+    ``width`` - 1, and the other classes' end before it."""
     groups, rows, dw = dist.shape
     shape = (groups, rows // RESIDUES, width + RESIDUES - 1)
     strides = (rows * dw, RESIDUES * dw, 1)
     return dist.as_strided(shape, strides, dist.storage_offset() + s * (dw - 1))
 
 
-def _residue_folds(dist: Tensor, rows: Tensor, content: Tensor, width: int) -> tuple[Tensor, Tensor]:
+def _residue_folds(
+    dist: Tensor, rows: Tensor, content: Tensor, width: int, into: Tensor | None = None, alpha: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """The two folds of `_fold_bands` for a buffer at an odd row stride, (G, M, DW) against the (G, width, d)
     table rows its cells stand for and the (G, M, d) content rows, one residue class of rows at a time
-    (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32. Class s's column c
+    (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32; with ``into`` (G, M,
+    d) float32 the product times ``alpha`` is added into it instead (in the matmuls' epilogue). Class s's column c
     is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
     s (a view). Its per-cell sums are written apart, class beside class, and cell x sums row x + s of each
     class s (one strided reduction): accumulating the classes into one float32 output would read and write it
@@ -1211,18 +1254,21 @@ def _residue_folds(dist: Tensor, rows: Tensor, content: Tensor, width: int) -> t
     groups, m, d = content.shape
     pad = RESIDUES - 1
     padded = torch.nn.functional.pad(rows, (0, 0, pad, pad))  # (G, width + 14, d)
-    product = content.new_empty((groups, m, d), dtype=torch.float32)  # (each class writes its rows once)
+    if into is None:  # (each class writes its rows once)
+        into, alpha, beta = content.new_empty((groups, m, d), dtype=torch.float32), 1.0, 0.0
+    else:
+        beta = 1.0
     per_class = content.new_empty((groups, width + pad, RESIDUES, d), dtype=torch.float32)
     for s in range(RESIDUES):
         view = _residue_rows(dist, width, s)  # (G, M / 8, width + 7)
         _add_matmul_f32(
-            product[:, s::RESIDUES], view, padded[:, pad - s : pad - s + width + pad], 1.0, beta=0.0
+            into[:, s::RESIDUES], view, padded[:, pad - s : pad - s + width + pad], alpha, beta=beta
         )
         _add_matmul_f32(per_class[:, :, s], view.transpose(-1, -2), content[:, s::RESIDUES], 1.0, beta=0.0)
     # [g, x, s]: class s's row x + s, whose sums are cell x's
     g, c = per_class.stride(0), per_class.stride(1)
     diagonal = per_class.as_strided((groups, width, RESIDUES, d), (g, c, c + d, 1))
-    return product, diagonal.sum(2)
+    return into, diagonal.sum(2)
 
 
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
@@ -1281,9 +1327,14 @@ def _bwd(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD, cells, sat,
             scale, band,
         )  # fmt: skip
-        DW = _gradient_stride(sat, band if dist else 0, cells)
-        banded = DW < _distance_stride(sat)  # the gradient buffers in the tables' bands (`_gradient_stride`)
-        grad_bands = banded and _by_residues(DW)  # stored 16 bytes at a time
+        t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
+        t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)
+        farthest = _stored_reach(NQ, NK, t_dq, t_dkv, sat, far_tiles)
+        DW = _gradient_stride(sat, band, cells if dist else None, farthest)
+        # the gradient buffers in the tables' layout (`_gradient_stride`): their rows per band, or 0
+        like_tables = DW != _distance_stride(sat)
+        q_band, k_band = (band or _padded_rows(NQ), band or _padded_rows(NK)) if like_tables else (0, 0)
+        grad_bands = like_tables and _by_residues(DW)  # stored 16 bytes at a time
         # read through q's strides; dO in q's dtype (float32 when the forward's O was, `_out_dtype`)
         dout, out = _like(dout.to(q.dtype), q), _like(out, q)
         delta = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)  # dO·O per row: the dQ kernel
@@ -1294,13 +1345,11 @@ def _bwd(
         # as the tables are, zero where no pair lands; with bands (H, bands, B, band, DW), ROW's and COL's layout
         dq_dist = dk_dist = None
         if row is not None:
-            dq_dist = _gradient_buffer(H, B, NQ, band if banded else 0, DW, q.dtype, dev, ij)
+            dq_dist = _gradient_buffer(H, B, NQ, q_band, DW, q.dtype, dev, ij)
         if col is not None:
-            dk_dist = _gradient_buffer(H, B, NK, band if banded else 0, DW, q.dtype, dev, ij)
+            dk_dist = _gradient_buffer(H, B, NK, k_band, DW, q.dtype, dev, ij)
         flags = dict(HEAD_DIM=D, **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles))
         flags.update(_dropout_args(seed, drop_t, dev))
-        t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
-        t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)
         tables = (
             _or_unused(row, dev, torch.float32),
             _or_unused(col, dev, torch.float32),
@@ -1332,11 +1381,11 @@ def _bwd(
         del row, col, far, tables  # free the N×R tables before the fold
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
-        if banded:  # (the distance road: no p2p)
+        if like_tables:  # (the distance road: no p2p)
             if dq_dist is not None:
-                dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, band, scale)
+                dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, q_band, scale)
             if dk_dist is not None:
-                dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, band, scale)
+                dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, k_band, scale)
         elif dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
                 _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)
@@ -1346,7 +1395,7 @@ def _bwd(
                 g = _into_rows(per_distance, q_lut, pos_k.shape[1], scale)[..., None]  # (H, R, 1)
                 dpos_q = _plus(dpos_q, g * pos_k.float())
                 dpos_k = _plus(dpos_k, g * pos_q.float())
-        if dk_dist is not None and not banded:  # COL = K·Qrᵀ
+        if dk_dist is not None and not like_tables:  # COL = K·Qrᵀ
             _fold_into_content(dk_dist, pos_q, lut, dk, scale)
             dpos_q = _plus(dpos_q, _fold_into_table(dk_dist, k_heads, lut, pos_q.shape[1], scale))
     return (

@@ -70,7 +70,12 @@ cells, the zeros included. Those rows are N' + band + 1 cells, 1 modulo 16, and 
 `triton_backend.GRADIENT_STORES`) that is their stride too: row i's cell for partner j then lies at
 ``i·(DW - 1) + OFF + j``, 16-byte aligned at a tile's first partner, and with no pair saturated the stores take
 the row mask alone, 16 bytes at a time (`_table_grad`); the caller reads the odd-stride rows by residue classes
-modulo 8, each an aligned view (`triton_backend._residue_rows`).
+modulo 8, each an aligned view (`triton_backend._residue_rows`). With one band (inputs longer than the
+saturation, where far tiles occur) the buffers take the tables' rows the same way: 2·(R / 2) + 1 cells, 1 modulo
+32, around cell R / 2, which lies beyond every pair of a near tile (`triton_backend._gradient_stride`). A near
+tile then stores each pair in its own cell, the saturated ones too (the caller folds those cells as the
+table's end rows), 16 bytes at a time under the row mask alone, and sums nothing; the far tiles' sums keep the
+rows' end cells, and the cells of partners in far tiles are zeroed before the loop (`_stored_partners`).
 
 ``IJ`` (constexpr): every visible pair is at distance ``i - j`` (default positions, padded or packed rows; see
 `Geometry.distance_is_i_minus_j`). The kernels then load no positions and classify far tiles from the block
@@ -522,12 +527,19 @@ def _table_grad(
     ``OFF``: the cell of distance 0 in row 0's frame (SAT + j - i above is OFF + j - i), and ``SAT`` the
     saturation that sends a pair to the end cells; `_grad_rows` gives both (banded buffers: no end cells).
 
-    ``GRAD_BANDS`` (a buffer in bands at an odd row stride, `_grad_rows`): no pair is saturated and every pair
-    of the owned rows has its cell, so the store takes the row mask alone; and with DW - 1 a multiple of 16, a
-    row's cell OFF + j - i lies at ``i·(DW - 1) + OFF + j``, 16-byte aligned at the tile's first partner. Each
-    tile row then stores 16 bytes at a time, where at an aligned DW its first cell moves by one element from
-    row to row and the store goes element by element (`benchmarks/triton_store_cost.py`)."""
-    if GRAD_BANDS:
+    ``GRAD_BANDS`` (a buffer in the distance tables' layout at their odd row stride, `_grad_rows`): every pair
+    of a near tile has its cell in the owned rows (in bands no pair is saturated; one band's rows reach beyond
+    every pair of a near run, the saturated ones stored like the others and folded by the caller as the
+    table's end rows), so the store takes the row mask alone and sums nothing; and with DW - 1 a multiple of
+    16, a row's cell OFF + j - i lies at ``i·(DW - 1) + OFF + j``, 16-byte aligned at the tile's first partner.
+    Each tile row then stores 16 bytes at a time, where at an aligned DW its first cell moves by one element
+    from row to row and the store goes element by element (`benchmarks/triton_store_cost.py`). Far tiles still
+    sum."""
+    if far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
+        acc_r += tl.sum(ds, AXIS)
+    elif far_left:
+        acc_l += tl.sum(ds, AXIS)
+    elif GRAD_BANDS:  # every pair its own cell, the saturated ones too: no sum
         dw1 = tl.multiple_of(DW - 1, 16)
         if AXIS == 1:
             cells = (own * dw1 + OFF)[:, None] + kpos[None, :]
@@ -536,10 +548,6 @@ def _table_grad(
             cells = (own * dw1 + OFF)[None, :] + qpos[:, None]
             owned = own_in[None, :]
         tl.store(DIST + cells, ds.to(DIST.dtype.element_ty), mask=owned)
-    elif far_right:  # one table entry for the whole tile: a plain sum (zero on hidden pairs)
-        acc_r += tl.sum(ds, AXIS)
-    elif far_left:
-        acc_l += tl.sum(ds, AXIS)
     else:
         delta = qpos[:, None] - kpos[None, :]
         left = delta <= -SAT
@@ -563,12 +571,13 @@ def _table_grad(
 
 
 @triton.jit
-def _store_row_ends(DIST, own, own_in, first, last, SAT, DW, OWN: tl.constexpr):
-    """The end cells of the owned rows, 0 (``first``) and 2·SAT (``last``): the saturated pairs' sums; and the
-    zeros of the rows' padding, from cell 2·SAT + 1 to the row stride DW (fewer than DIST_ALIGN cells)."""
+def _store_row_ends(DIST, own, own_in, first, last, OFF, DW, OWN: tl.constexpr):
+    """The end cells of the owned rows, 0 (``first``) and 2·OFF (``last``): the far (or saturated) pairs' sums;
+    and the zeros of the rows' padding, from cell 2·OFF + 1 to the row stride DW (fewer than DIST_ALIGN cells;
+    none where DW is the row's cells, ``GRAD_BANDS``). OFF: the cell of distance 0 (`_grad_rows`)."""
     tl.store(DIST + own * DW, first.to(DIST.dtype.element_ty), mask=own_in)
-    tl.store(DIST + (own * DW + 2 * SAT), last.to(DIST.dtype.element_ty), mask=own_in)
-    pad = 2 * SAT + 1 + tl.arange(0, DIST_ALIGN)
+    tl.store(DIST + (own * DW + 2 * OFF), last.to(DIST.dtype.element_ty), mask=own_in)
+    pad = 2 * OFF + 1 + tl.arange(0, DIST_ALIGN)
     zero = tl.zeros((OWN, DIST_ALIGN), dtype=DIST.dtype.element_ty)
     tl.store(DIST + (own[:, None] * DW + pad[None, :]), zero, mask=own_in[:, None] & (pad < DW)[None, :])
 
@@ -586,6 +595,19 @@ def _zero_cells(
         outside = (partner < lo) | (partner >= end)
         mask = own_in[:, None] & (cells <= last)[None, :] & outside
         tl.store(DIST + (own[:, None] * DW + cells[None, :]), zero, mask=mask)
+
+
+@triton.jit
+def _stored_partners(own, lo, hi, SAT, OWN: tl.constexpr, OTHER: tl.constexpr, NEAR_RUN: tl.constexpr):
+    """At distance i - j: the blocks of partners whose cells the loop of the program owning OWN rows from
+    ``own`` stores, from the first returned to past the second: those it visits, ``lo`` to ``hi``; or its near
+    run's alone (`_runs`), where its far tiles only sum and its rows hold cells of partners beyond the
+    saturation (``NEAR_RUN``: one band stored 16 bytes at a time, `_grad_rows`): `_zero_unvisited` zeroes
+    those the far tiles leave."""
+    if NEAR_RUN:
+        first, last = _split(own, lo, SAT, OWN, OTHER)
+        return tl.minimum(first, hi), tl.minimum(last, hi)
+    return lo, hi
 
 
 @triton.jit
@@ -626,7 +648,10 @@ def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr, GRAD_
     loop (no end cells: no visible pair is saturated, and a hidden one stores its zero like any other). DW is
     the band's N' + band + 1 cells themselves, odd (``GRAD_BANDS``: the stores 16 bytes wide, `_table_grad`),
     or rounded up to 16 (DW below 2·SAT + 1 rounded up tells the kernel). At v3's N = 512 and 64-row bands that
-    is 577 or 592 cells a row where one band needs 1040. The offsets inside a program's rows stay 32-bit
+    is 577 or 592 cells a row where one band needs 1040. With ``GRAD_BANDS`` and one band (LOG2_BAND =
+    `_ONE_BAND`) the buffer takes the tables' one band instead, each (b, h)'s rows padded to DIST_ALIGN, DW the
+    tables' 2·OFF + 1 cells (OFF = DW // 2 beyond every pair the kernels store: no per-pair mask), the far
+    tiles' sums in the end cells 0 and 2·OFF. The offsets inside a program's rows stay 32-bit
     (``band`` int32): with a 64-bit one the cells' addresses went 64-bit and dQ took 217 registers a thread
     for 168 (sm_90, 64×32 w4, Triton 3.9)."""
     offset = _head_major(bh, H, B, N) * DW
@@ -636,21 +661,23 @@ def _grad_rows(bh, H, B, N, SAT, DW, LOG2_BAND, start, DIST: tl.constexpr, GRAD_
     last = 2 * SAT - 1
     ends = N
     if DIST:
-        # in bands where the caller chose them: the tables in bands and a banded row narrower than one band's
-        # (`triton_backend._gradient_stride`), which GRAD_BANDS or the row stride it passed tells
-        banded = (LOG2_BAND < _ONE_BAND) & (DW < tl.cdiv(2 * SAT + 1, DIST_ALIGN) * DIST_ALIGN)
-        band = 1 << tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # (int32: the cells' offsets stay 32-bit)
+        # in the tables' layout where the caller chose it (`triton_backend._gradient_stride`), which GRAD_BANDS
+        # or the row stride it passed tells
+        band = _band_rows(N, LOG2_BAND)  # (int32: the cells' offsets stay 32-bit)
         index = start >> tl.minimum(LOG2_BAND, _ONE_BAND - 1)  # the band of the program's block
         band_start = index * band
         rows = (((bh % H) * tl.cdiv(N, band) + index) * B + bh // H).to(tl.int64) * band - band_start
         in_bands = rows * DW
         if GRAD_BANDS:  # whole bands of rows at DW each: 16-element aligned (`_table_grad`)
+            # one band: cells 1 … DW - 2 around OFF = DW // 2, the far tiles' sums in the end cells
+            one = LOG2_BAND >= _ONE_BAND
             offset = tl.multiple_of(in_bands, 16)
-            off = tl.multiple_of(band + band_start, 16)
-            first = 0
-            last = DW - 1
-            ends = 0
-        else:
+            off = tl.multiple_of(tl.where(one, DW // 2, band + band_start), 16)
+            first = tl.where(one, 1, 0)
+            last = tl.where(one, DW - 2, DW - 1)
+            ends = tl.where(one, N, 0)
+        else:  # in bands if the tables are and a banded row is narrower than one band's
+            banded = (LOG2_BAND < _ONE_BAND) & (DW < tl.cdiv(2 * SAT + 1, DIST_ALIGN) * DIST_ALIGN)
             offset = tl.where(banded, in_bands, offset)
             sat = tl.where(banded, _BIG, SAT)
             off = tl.where(banded, band + band_start, SAT)
@@ -1019,7 +1046,10 @@ def _dq_kernel(
     if HAS_ROW and IJ:
         # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
-        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, lo, hi, goff, first, last, DW, BLOCK_M, BLOCK_N)
+        z_lo, z_hi = _stored_partners(
+            pid_m * BLOCK_M, lo, hi, SAT, BLOCK_M, BLOCK_N, GRAD_BANDS and FAR_TILES
+        )
+        _zero_unvisited(DQ_DIST, pid_m * BLOCK_M, NQ, z_lo, z_hi, goff, first, last, DW, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     far_l = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -1043,9 +1073,9 @@ def _dq_kernel(
             DROPOUT, kinds[run], GRAD_BANDS,
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
-    if HAS_ROW and not GRAD_BANDS:
+    if HAS_ROW:
         # a query row's cells run by j - i: its right side (i - j >= SAT) is cell 0 (none in bands: `_grad_rows`)
-        _store_row_ends(DQ_DIST, offs_m, offs_m < ends, far_r, far_l, SAT, DW, BLOCK_M)
+        _store_row_ends(DQ_DIST, offs_m, offs_m < ends, far_r, far_l, goff, DW, BLOCK_M)
 
 
 @triton.jit
@@ -1212,7 +1242,10 @@ def _dkv_kernel(
     hi = tl.max(tl.load(Q_HI + offs_n, mask=n_in, other=0), 0)
     lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_COL and IJ:  # before the loop, as in the dQ kernel
-        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, lo, hi, goff, first, last, DW, BLOCK_N, BLOCK_M)
+        z_lo, z_hi = _stored_partners(
+            pid_n * BLOCK_N, lo, hi, SAT, BLOCK_N, BLOCK_M, GRAD_BANDS and FAR_TILES
+        )
+        _zero_unvisited(DK_DIST, pid_n * BLOCK_N, NK, z_lo, z_hi, goff, first, last, DW, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
@@ -1241,5 +1274,5 @@ def _dkv_kernel(
         )  # fmt: skip
     tl.store(DK + kv_ptrs, dk * scale, mask=n_in[:, None])
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_in[:, None])  # final: in the inputs' dtype
-    if HAS_COL and not GRAD_BANDS:
-        _store_row_ends(DK_DIST, offs_n, offs_n < ends, far_l, far_r, SAT, DW, BLOCK_N)
+    if HAS_COL:
+        _store_row_ends(DK_DIST, offs_n, offs_n < ends, far_l, far_r, goff, DW, BLOCK_N)

@@ -96,21 +96,61 @@ def _distance_product_kernel(
     TMA: tl.constexpr,  # inner blocks stored through OUT_DESC
     ROW_LOOP: tl.constexpr,  # a program per row block, its column blocks in a loop (see below)
     WRAP: tl.constexpr,  # every cell stored 16 bytes at a time, the row ends by the rows they belong to (above)
+    COL_LOOP: tl.constexpr = False,  # a program per column block and residue, its row blocks in a loop (above)
+    GROUPS: tl.constexpr = 1,  # with COL_LOOP: the row blocks of one residue a program runs over
 ):
     # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short); with
     # ROW_LOOP one program per row block, which reads its rows of q / k once and runs over the row's column
     # blocks (the next block's cells and table rows loaded while this one is stored, at num_stages > 1)
     col_blocks = tl.cdiv(R + VEC, BLOCK_N)
-    pid_m = tl.program_id(0) if ROW_LOOP else tl.program_id(0) // col_blocks
     hb = tl.program_id(1)  # head · BANDS + band
     h = hb // BANDS
     band = hb % BANDS
     d = tl.arange(0, D)
+    if COL_LOOP:
+        # (column block, residue, run of GROUPS row blocks) fastest to slowest: the programs writing the same
+        # rows run together. The block's table rows are gathered once, the rows of q / k load per block (the
+        # next block's while this one is multiplied and stored, at num_stages > 1)
+        pid_n = tl.program_id(0) % col_blocks
+        s = (tl.program_id(0) // col_blocks) % VEC
+        run = tl.program_id(0) // (col_blocks * VEC)
+        T += h.to(tl.int64) * stride_th
+        CELLS += band * (R + 1)
+        e = pid_n * BLOCK_N - s + tl.arange(0, BLOCK_N)
+        t_prev = _table_rows(T, CELLS + (R + 1) + e, WRAP & (e < 0), stride_tr, d)  # (`_block`)
+        t_cur = _table_rows(T, CELLS + e, (e >= 0) & (e <= R), stride_tr, d)
+        blocks = tl.cdiv(M, VEC * BLOCK_M)
+        for g in tl.range(run * GROUPS, tl.minimum(run * GROUPS + GROUPS, blocks)):
+            x, xp, prev_in, group, m, step = _rows(X, h, band, s, g, stride_xh, stride_xr, N, LB, M, d,
+                                                    BLOCK_M, VEC)  # fmt: skip
+            _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n,
+                   d, t_prev, t_cur, BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP, True)  # fmt: skip
+    else:
+        pid_m = tl.program_id(0) if ROW_LOOP else tl.program_id(0) // col_blocks
+        s = pid_m % VEC
+        x, xp, prev_in, group, m, step = _rows(X, h, band, s, pid_m // VEC, stride_xh, stride_xr, N, LB, M, d,
+                                                BLOCK_M, VEC)  # fmt: skip
+        T += h.to(tl.int64) * stride_th
+        CELLS += band * (R + 1)
+        if ROW_LOOP:
+            for pid_n in tl.range(0, col_blocks):
+                _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
+                       pid_n, d, None, None, BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP, False)  # fmt: skip
+        else:
+            _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
+                   tl.program_id(0) % col_blocks, d, None, None, BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP,
+                   False)  # fmt: skip
 
+
+@triton.jit
+def _rows(
+    X, h, band, s, g, stride_xh, stride_xr, N, LB, M, d, BLOCK_M: tl.constexpr, VEC: tl.constexpr
+):  # fmt: skip
+    """Row block ``g`` of residue ``s``: its rows of q / k (BLOCK_M, D), and with WRAP's first column block in
+    mind the pointers and mask of rows m - 1; (x, XP, prev_in, group, m, step)."""
     # the block's rows, all of residue s modulo VEC: m = group + s + VEC·i; row m is token band·LB + m % LB of
     # batch row m // LB
-    s = pid_m % VEC
-    group = (pid_m // VEC) * (VEC * BLOCK_M)
+    group = g * (VEC * BLOCK_M)
     step = VEC * tl.arange(0, BLOCK_M)
     m = group + s + step
     token = band * LB + m % LB
@@ -124,27 +164,19 @@ def _distance_product_kernel(
     x = tl.load(xs, mask=real[:, None], other=0.0)  # (BLOCK_M, D)
     # with WRAP, rows m - 1 for the first column block when s > 0 (as LB is a multiple of VEC, row m - 1 is
     # token - 1 of the same batch row): loaded there, and only there
-    xp, prev_in = xs - stride_xr, (m <= M) & (token <= N)
-    T += h.to(tl.int64) * stride_th
-    CELLS += band * (R + 1)
-    if ROW_LOOP:
-        for pid_n in tl.range(0, col_blocks):
-            _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
-                   BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP)  # fmt: skip
-    else:
-        _block(x, xp, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step,
-               tl.program_id(0) % col_blocks, d, BLOCK_M, BLOCK_N, VEC, PREC, TMA, WRAP)  # fmt: skip
+    return x, xs - stride_xr, (m <= M) & (token <= N), group, m, step
 
 
 @triton.jit
 def _block(
-    x, XP, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d,
+    x, XP, prev_in, T, CELLS, OUT, OUT_DESC, alpha, stride_tr, R, M, hb, s, group, m, step, pid_n, d, t_prev, t_cur,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-    WRAP: tl.constexpr,
+    WRAP: tl.constexpr, LOADED: tl.constexpr,
 ):  # fmt: skip
     """Column block ``pid_n`` of the rows ``m`` (residue ``s``, rows of q / k ``x``; ``XP``, ``prev_in``: the pointers
     and mask of rows m - 1): the products with the table rows its cells stand for (T and CELLS at the head's and the
-    band's start), stored."""
+    band's start), stored. With ``LOADED`` those table rows are given, ``t_prev`` for cells -s … -1 (zeros
+    elsewhere) and ``t_cur`` for the row's own (`COL_LOOP`: gathered once for all the program's row blocks)."""
     # the block's cells, shifted by the residue, and the table rows they stand for
     first = pid_n * BLOCK_N - s
     j = tl.arange(0, BLOCK_N)
@@ -153,15 +185,19 @@ def _block(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if WRAP:
         if first < 0:  # cells -s … -1 are row m - 1's cells R + 1 - s … R: its products with those table rows
-            before = e < 0
-            t = _table_rows(T, CELLS + (R + 1) + e, before, stride_tr, d)
+            if LOADED:
+                t = t_prev
+            else:
+                t = _table_rows(T, CELLS + (R + 1) + e, e < 0, stride_tr, d)
             x_prev = tl.load(XP, mask=prev_in[:, None], other=0.0)
             acc = _mm_add(x_prev, tl.trans(t), acc, PREC)
     # into the same accumulator (one live in registers): each column's products are zeros in one of the two
     # dots (its table rows loaded as zeros), and adding zeros leaves a sum as it was
-    acc = _mm_add(
-        x, tl.trans(_table_rows(T, CELLS + e, in_row, stride_tr, d)), acc, PREC
-    )  # (BLOCK_M, BLOCK_N)
+    if LOADED:
+        t = t_cur
+    else:
+        t = _table_rows(T, CELLS + e, in_row, stride_tr, d)
+    acc = _mm_add(x, tl.trans(t), acc, PREC)  # (BLOCK_M, BLOCK_N)
     # no cell outside the row (and so, R and BLOCK_N being multiples of 16, none in another row's part)
     whole = (first >= 0) & (first + BLOCK_N - 1 <= R)
     # with WRAP, the cells row m owns: columns s + e below R, or R + VEC for the last residue (s // (VEC - 1) = 1)

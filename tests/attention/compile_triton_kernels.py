@@ -46,6 +46,7 @@ from debertakit.attention.triton_backend import (  # noqa: E402
     FORWARD,
     GPU_TIMED,
     KERNEL_NAMES,
+    PRODUCT_COLUMN_TILES,
     PRODUCT_ROW_TILES,
     PRODUCT_TILES,
     TRITON_TENSOR_CORES,
@@ -69,10 +70,12 @@ def configured(capability: int):
             yield "bf16", head_dim, dict(flags, IJ=False), capability
             yield "bf16", head_dim, dict(flags, SKEW=True), capability  # skewed where served (`_buildable`)
             yield "bf16", head_dim, dict(flags, DIST=True), capability
+            # with its gradients in the tables' one band, stored 16 bytes at a time (`GRADIENT_STORES`)
+            yield "bf16", head_dim, dict(flags, DIST=True, GRAD_BANDS=True), capability
             # inputs no longer than the saturation (v3 at N <= 512): one near run per program
             yield "bf16", head_dim, dict(flags, FAR_TILES=False), capability
             yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False), capability
-            # and their gradients in bands at an odd row stride (`triton_backend.GRADIENT_STORES`)
+            # and their gradients in the tables' bands at an odd row stride
             yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False, GRAD_BANDS=True), capability
 
 
@@ -100,7 +103,7 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     terms = flags["HAS_ROW"] or flags["HAS_COL"]
     if flags["DIST"] and (flags["SKEW"] or not flags["IJ"] or not terms):
         flags = dict(flags, DIST=False)
-    if flags["GRAD_BANDS"] and not flags["DIST"]:  # gradients in bands: the distance tables' bands
+    if flags["GRAD_BANDS"] and not flags["DIST"]:  # gradients in the distance tables' layout
         flags = dict(flags, GRAD_BANDS=False)
     if not flags["IJ"]:  # tiles classified as they come: a far tile may always occur (`_far_tiles`)
         flags = dict(flags, FAR_TILES=True)
@@ -174,23 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
     # both ways of storing the inner blocks (`triton_backend.PRODUCT_STORES`)
-    # and both kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop), the rows'
-    # ends stored both ways (`PRODUCT_EDGES`: "wrap" has no element store left)
+    # and the three kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block or a column block each
+    # with a loop), the rows' ends stored both ways (`PRODUCT_EDGES`: "wrap" has no element store left)
     products, scalar_stores, element_stores, no_tma, no_loop = [], [], [], [], []
-    shapes = [(PRODUCT_TILES, False), (PRODUCT_ROW_TILES, True)]
+    shapes = [(PRODUCT_TILES, "blocks"), (PRODUCT_ROW_TILES, "rows"), (PRODUCT_COLUMN_TILES, "columns")]
     if args.product_sweep:
         shapes += _product_sweep()
-    for (tiles, row_loop), dtype, head_dim, tma, wrap in itertools.product(
+    for (tiles, programs), dtype, head_dim, tma, wrap in itertools.product(
         shapes, ("bf16", "fp16"), (16, 32, 64, 128), (False, True), (True, False)
     ):
-        c = compile_product_kernel(dtype, head_dim, tiles, tma=tma, row_loop=row_loop, wrap=wrap)
+        loops = dict(row_loop=programs == "rows", col_loop=programs == "columns")
+        c = compile_product_kernel(dtype, head_dim, tiles, tma=tma, wrap=wrap, **loops)
         n += 1
         name = (
             f"_distance_product_kernel {dtype} d{head_dim} {tiles}{' tma' if tma else ''}"
-            f"{' row loop' if row_loop else ''}{'' if wrap else ' masked edges'}"
+            f"{'' if programs == 'blocks' else f' {programs[:-1]} loop'}{'' if wrap else ' masked edges'}"
         )
         print(f"{name}: {c}")
-        if row_loop and len(c.tile_loops) != 1:  # the loop over the row's column blocks, one
+        if programs != "blocks" and len(c.tile_loops) != 1:  # the program's loop, one
             no_loop.append(f"{name}: loops {c.tile_loops}")
         if c.stack_bytes:
             spills.append(f"{name}: {c}")
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         ("distance-table products without 16-byte stores", scalar_stores),
         ("distance-table products storing elements where the rows' ends wrap", element_stores),
         ("distance-table products with TMA stores asked for and none compiled", no_tma),
-        ("distance-table products of a row loop without one loop", no_loop),
+        ("distance-table products of a row or column loop without one loop", no_loop),
     )
     for title, problems in checks:
         if problems:
@@ -227,15 +231,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _product_sweep() -> list:
     """The product kernel's shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than its own, as
-    (tiles, row loop)."""
+    (tiles, programs)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from gpu_suite import PRODUCT_ROW_SWEEP_TILES, PRODUCT_SWEEP_TILES
+    from gpu_suite import PRODUCT_COLUMN_SWEEP_TILES, PRODUCT_ROW_SWEEP_TILES, PRODUCT_SWEEP_TILES
 
     from debertakit.attention.triton_aot import Tiles
 
-    blocks = [(t, False) for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
-    rows = [(t, True) for t in map(Tiles.parse, PRODUCT_ROW_SWEEP_TILES) if t != PRODUCT_ROW_TILES]
-    return blocks + rows
+    blocks = [(t, "blocks") for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
+    rows = [(t, "rows") for t in map(Tiles.parse, PRODUCT_ROW_SWEEP_TILES) if t != PRODUCT_ROW_TILES]
+    columns = [
+        (t, "columns") for t in map(Tiles.parse, PRODUCT_COLUMN_SWEEP_TILES) if t != PRODUCT_COLUMN_TILES
+    ]
+    return blocks + rows + columns
 
 
 if __name__ == "__main__":

@@ -1023,9 +1023,9 @@ def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name, stores):
         folds.append(tuple(cells.shape))
         return real_fold(dist, table, content, cells, *args)
 
-    def stride(sat, band, cells):
+    def stride(sat, band, cells, farthest):
         strides.append((sat, band, cells.shape[2]))
-        return real_stride(sat, band, cells)
+        return real_stride(sat, band, cells, farthest)
 
     monkeypatch.setattr(triton_backend, "_distance_buffer", buffer)
     monkeypatch.setattr(triton_backend, "_fold_bands", fold)
@@ -1095,7 +1095,7 @@ def test_v3_gradient_rows_in_bands_at_512():
     band, bands, cells = triton_backend._distance_layout(512, 512, 512, tiles, False, 64, 32)
     assert (band, bands, cells) == (64, 8, 577)
     assert triton_backend._aligned(cells) == 592 and triton_backend._distance_stride(512) == 1040
-    assert triton_backend._gradient_stride(512, band, torch.empty(2, bands, cells)) == 577
+    assert triton_backend._gradient_stride(512, band, torch.empty(2, bands, cells), 511) == 577
 
 
 @pytest.mark.parametrize("dw", [33, 49, 577])
@@ -1103,12 +1103,12 @@ def test_residue_folds_match_the_folds_at_an_aligned_stride(dw):
     """`_residue_folds` (a buffer at an odd row stride, read as 8 classes of rows, each view starting s cells
     before its rows) against the folds of the same cells read directly: the product with the table rows and
     the per-cell sums with the content rows. Every cell the views read outside a row holds a random value,
-    as the rows beside it and the buffer's slack may: they must meet zeros."""
+    as the rows beside it may: they must meet zeros. No view reads past the buffer (`as_strided` would refuse
+    one): the buffer needs no zeros after it."""
     g, m, d = 3, 64, 8
     width = dw - 16 if dw > 33 else dw  # rows with padding cells, and rows without
     gen = torch.Generator().manual_seed(dw)
-    flat = torch.randn(g * m * dw + triton_backend.RESIDUES - 1, generator=gen)
-    dist = flat[: g * m * dw].view(g, m, dw)
+    dist = torch.randn(g * m * dw, generator=gen).view(g, m, dw)
     rows = torch.randn(g, width, d, generator=gen)
     content = torch.randn(g, m, d, generator=gen)
     product, per_cell = triton_backend._residue_folds(dist, rows, content, width)
@@ -1356,9 +1356,9 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
     bands, before it; q read through its strides, the table rows through the cells, the padding rows as zeros.
     The kernel ran (its launch recorded) for 16-bit operands of one dtype only: float32 ones, and a table of
     another dtype, take the matmul. Both ways of storing the inner blocks (`PRODUCT_STORES`; with "tma" the
-    launch carries the descriptor: every case's rows are a multiple of 8) and both kinds of programs
-    (`PRODUCT_PROGRAMS`: a block each, or a row block each with a loop over its columns) write the same
-    table."""
+    launch carries the descriptor: every case's rows are a multiple of 8) and the three kinds of programs
+    (`PRODUCT_PROGRAMS`: a block each, a row block each with a loop over its columns, or a column block and
+    residue each with a loop over row blocks) write the same table."""
     from debertakit.attention.triton_access import record_run
 
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], dtype)
@@ -1375,7 +1375,7 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
     for args, kwargs in launches.values():
         assert kwargs["TMA"] == (stores == "tma")
         assert (args[4] is None) == (stores != "tma")  # OUT_DESC
-        assert kwargs["ROW_LOOP"] == (programs == "rows")
+        assert kwargs["ROW_LOOP"] == (programs == "rows") and kwargs["COL_LOOP"] == (programs == "columns")
         assert kwargs["WRAP"]  # the default `PRODUCT_EDGES`: the rows' ends stored 16 bytes at a time
     # with bands the zeros before the table end where it starts, LEAD_ALIGN-aligned: its pointer is 16-byte
     # aligned, as the kernels' vector loads and stores need (`_product_buffer`)
@@ -1395,6 +1395,26 @@ def test_distance_product_kernel_builds_the_matmuls_table(monkeypatch, name, dty
         other = torch.float32 if dtype != torch.float32 else torch.bfloat16
         triton_backend._band_product(heads, table.to(other), cells, B, n, band, 0.7, slack)
     assert launches == {}
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("name", ["one_band_groups", "bands"])
+def test_column_programs_split_their_row_blocks_into_runs(monkeypatch, name, groups):
+    """`PRODUCT_PROGRAMS` "columns" with `PRODUCT_COLUMN_GROUPS` row blocks a program: where a residue's row
+    blocks (two in "one_band_groups", 624 rows at 64 × 8 a block) take more than one run, the runs together
+    write the table of one program per block, bit for bit, every cell (the poison)."""
+    from debertakit.attention.triton_access import record_run
+
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    want = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "columns")
+    monkeypatch.setattr(triton_backend, "PRODUCT_COLUMN_GROUPS", groups)
+    with record_run("triton_products.py") as (_, launches):
+        got = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+    assert launches["_distance_product_kernel"][1]["GROUPS"] == groups
+    assert not got.isnan().any() and torch.equal(got, want)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
@@ -1439,7 +1459,9 @@ def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monke
     monkeypatch.setattr(triton_backend, "_residue_descriptor", lambda out, *a: real(elsewhere, *a))
     split = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
-    tiles = triton_backend.PRODUCT_ROW_TILES if programs == "rows" else triton_backend.PRODUCT_TILES
+    tiles = dict(rows=triton_backend.PRODUCT_ROW_TILES, columns=triton_backend.PRODUCT_COLUMN_TILES).get(
+        programs, triton_backend.PRODUCT_TILES
+    )
     R, block = width - 1, tiles.block_n
     inner = torch.zeros(rows, width, dtype=torch.bool)
     for m in range(rows):
@@ -1471,14 +1493,15 @@ def test_distance_product_mode_is_checked(monkeypatch):
 @pytest.mark.parametrize("name", ["n70_saturating", "packed"])
 def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name):
     """A bfloat16 call on the distance road (its tables from the product kernel, forward and backward) with
-    every variant on (`PRODUCT_PROGRAMS` "rows", `PRODUCT_STORES` "tma", the descriptor passed,
+    every variant on (`PRODUCT_PROGRAMS` "rows" or "columns", `PRODUCT_STORES` "tma", the descriptor passed,
     `PRODUCT_EDGES` "masked") gives the default's output and gradients bit for bit."""
     from debertakit.attention.triton_access import record_run
 
     _near_band(monkeypatch, "distance")
     c = GRID[name]
     results = []
-    for programs, stores, edges in (("blocks", "pointers", "wrap"), ("rows", "tma", "masked")):
+    variants = (("blocks", "pointers", "wrap"), ("rows", "tma", "masked"), ("columns", "tma", "masked"))
+    for programs, stores, edges in variants:
         monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
         monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
         monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", edges)
@@ -1488,18 +1511,23 @@ def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name
             )
         args, kwargs = launches["_distance_product_kernel"]  # the last launch: COL's table in the backward
         assert kwargs["ROW_LOOP"] == (programs == "rows") and (args[4] is not None) == (stores == "tma")
-        assert kwargs["WRAP"] == (edges == "wrap")
-    (out, grads), (out_v, grads_v) = results
-    assert torch.equal(out, out_v)
-    for g, g_v in zip(grads, grads_v):
-        assert torch.equal(g, g_v)
+        assert kwargs["COL_LOOP"] == (programs == "columns") and kwargs["WRAP"] == (edges == "wrap")
+    (out, grads), *others = results
+    for out_v, grads_v in others:
+        assert torch.equal(out, out_v)
+        for g, g_v in zip(grads, grads_v):
+            assert torch.equal(g, g_v)
 
 
 @pytest.mark.parametrize(
     "setting, value, message",
     [
         ("PRODUCT_STORES", "TMA", r"PRODUCT_STORES must be one of \('pointers', 'tma'\), got 'TMA'"),
-        ("PRODUCT_PROGRAMS", "row", r"PRODUCT_PROGRAMS must be one of \('blocks', 'rows'\), got 'row'"),
+        (
+            "PRODUCT_PROGRAMS",
+            "row",
+            r"PRODUCT_PROGRAMS must be one of \('blocks', 'rows', 'columns'\), got 'row'",
+        ),
         ("PRODUCT_EDGES", "wrapped", r"PRODUCT_EDGES must be one of \('wrap', 'masked'\), got 'wrapped'"),
     ],
 )
@@ -2160,14 +2188,15 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
 
 
 @pytest.mark.gpu
-def test_banded_gradient_stores_are_16_bytes_wide_gpu(monkeypatch):
+@pytest.mark.parametrize("n", [512, 2048])
+def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
     """v3 at N = 512 (batch·N = 4096, 12 heads, d 64, bfloat16: the tables and the gradients in 64-row bands)
-    with `GRADIENT_STORES` "aligned" and "cells": the same gradients (the folds sum in another order), every
-    cell written (the buffers start as NaN); the dQ and dK/dV kernels as these launches compiled them store
-    more 16-byte vectors (``st.global.v4.b32``) with "aligned", and fewer 2-byte elements (``st.global.b16``):
-    the dS stores go 16 bytes at a time."""
+    and 2048 (one band, far tiles) with `GRADIENT_STORES` "aligned" and "cells": the same gradients (the folds
+    sum in another order), every cell written (the buffers start as NaN); the dQ and dK/dV kernels as these
+    launches compiled them store more 16-byte vectors (``st.global.v4.b32``) with "aligned", and fewer 2-byte
+    elements (``st.global.b16``): the dS stores go 16 bytes at a time."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
-    c = Case(n=512, batch=8, heads=12, dim=64, rel=V3)
+    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
     grads, stores, compiled = {}, {}, _record_compiled(monkeypatch, "_kernels")
     for mode in triton_backend.GRADIENT_STORES_MODES:
@@ -2853,6 +2882,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (cuBLAS tables)",
         "triton (product TMA stores)",
         "triton (product row loop)",
+        "triton (product column loop)",
         "triton (product edges masked)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
@@ -3146,7 +3176,9 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         # (`_into_rows`), and of the distance tables' zeros after their last row
         fills = {"new_zeros": 2, **({"zero_": 2} if r is dist else {})}
         assert {n: c for n, c in launches.items() if n in bench.FILLS} == fills, launches
-        assert "clone" not in launches and "sum" not in launches, launches  # folds per head, over the batch
+        # folds per head, over the batch: no copy, and no sum but the residue folds' one per table at the
+        # distance road's odd row stride (`_residue_folds`, `GRADIENT_STORES` "aligned")
+        assert "clone" not in launches and launches.get("sum", 0) == (2 if r is dist else 0), launches
 
 
 def _folded_buffers(monkeypatch) -> list:
@@ -3166,16 +3198,11 @@ def test_distance_buffers_cells_run_with_the_partner_index(monkeypatch):
     on either side; dS from autograd through eager's scores. The folds read the query rows' buffer through the
     mirrored lookup table: a layout that disagreed with it would fail the grid, not this test alone."""
     c = GRID["n70_saturating"]
+    monkeypatch.setattr(triton_backend, "GRADIENT_STORES", "cells")  # (with "aligned": the next test)
     seen = _folded_buffers(monkeypatch)
     inputs = _inputs(c, torch.float32, DEVICE)
     out, _ = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
-    q, k, v, pos_q, pos_k = (t.detach() for t in inputs)
-    parts = eager.score_components(
-        q, k, pos_q, pos_k, c.rel, _geometry(c, DEVICE), scale=scale_for(c.dim, 3), terms=c.terms
-    )
-    scores = sum(parts.values()).requires_grad_()
-    (torch.softmax(scores, -1) @ v).backward(_grad_out(out))
-    ds = scores.grad[0, 0]  # (N, N): one batch row, one head
+    ds = _eager_score_grads(c, out, inputs)[0, 0]  # (N, N): one batch row, one head
     sat = min(c.rel.saturation, c.n)
     i, j = torch.meshgrid(torch.arange(c.n), torch.arange(c.n), indexing="ij")
     near = (i - j).abs() < sat
@@ -3189,6 +3216,96 @@ def test_distance_buffers_cells_run_with_the_partner_index(monkeypatch):
         torch.testing.assert_close(cells[:, 2 * sat].double(), last, atol=1e-6, rtol=1e-5)
 
 
+def _eager_score_grads(c: Case, out: torch.Tensor, inputs) -> torch.Tensor:
+    """dS (B, H, N, N) of eager's scores for the gradient ``_grad_out(out)``."""
+    q, k, v, pos_q, pos_k = (t.detach() for t in inputs)
+    parts = eager.score_components(
+        q, k, pos_q, pos_k, c.rel, _geometry(c, DEVICE), scale=scale_for(c.dim, 3), terms=c.terms
+    )
+    scores = sum(parts.values()).requires_grad_()
+    (torch.softmax(scores, -1) @ v).backward(_grad_out(out))
+    return scores.grad
+
+
+# the one-band cases: (saturation as `_lut` cuts it, far tiles occur)
+ONE_BAND_GRADIENTS = {"n70_saturating": (16, True), "heads2_d32_batch2": (16, True), "n7": (7, False)}
+
+
+@pytest.mark.parametrize("name", ONE_BAND_GRADIENTS)
+def test_one_band_gradients_hold_every_near_pair_in_its_cell(monkeypatch, name):
+    """With one band and `GRADIENT_STORES` "aligned" the backward's distance buffers take the distance tables'
+    rows, 2·reach + 1 cells (1 modulo 32) around cell reach, and a cell for every pair of a near tile, the
+    saturated ones too: a query row i holds dS(i, j) in cell reach + j - i, a key column j in cell reach +
+    i - j (`triton_kernels._table_grad` under ``GRAD_BANDS``, stored 16 bytes at a time). Pairs closer than the
+    saturation each in their cell; beyond it a near tile's in theirs and a far tile's summed into the end cell
+    of their side, so that the end cell and the saturated cells of a side add up to that side's dS; cells whose
+    partner lies outside the sequence zero (written by the kernels: the buffers start as NaN). Without far
+    tiles the end cells are zeros. Every (b, h)."""
+    c = GRID[name]
+    sat, far = ONE_BAND_GRADIENTS[name]
+    seen = []
+    fold = triton_backend._fold_bands
+    monkeypatch.setattr(
+        triton_backend, "_fold_bands", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
+    )
+    inputs = _inputs(c, torch.float32, DEVICE)
+    out, _ = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
+    ds = _eager_score_grads(c, out, inputs).double().transpose(0, 1)  # (H, B, N, N)
+    padded = triton_backend._padded_rows(c.n)
+    # c2p's buffer (query rows), then p2c's (key columns), each (H, B, N, cells)
+    dq_dist, dk_dist = (d.view(c.heads, c.batch, padded, -1)[:, :, : c.n].double() for d in seen)
+    width = dq_dist.shape[-1]
+    off = width // 2
+    assert width % 32 == 1 and off > sat and (far or off >= c.n)  # (far tiles: the near runs' reach)
+    assert torch.isfinite(dq_dist).all() and torch.isfinite(dk_dist).all()
+    i, j = torch.meshgrid(torch.arange(c.n), torch.arange(c.n), indexing="ij")
+    near = (i - j).abs() < sat
+    torch.testing.assert_close(
+        dq_dist[..., i[near], off + j[near] - i[near]], ds[..., near], atol=1e-6, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        dk_dist[..., j[near], off + i[near] - j[near]], ds[..., near], atol=1e-6, rtol=1e-5
+    )
+    right, left = ds * (i - j >= sat), ds * (i - j <= -sat)
+    partner = torch.arange(c.n)[:, None] + torch.arange(width)[None, :] - off
+    outside = (partner < 0) | (partner >= c.n)
+    outside[:, [0, -1]] = False  # (the end cells)
+    # a query row's cells run by j - i: its right side (i - j >= sat) from cell 0 to off - sat
+    for cells, low, high in ((dq_dist, right.sum(-1), left.sum(-1)), (dk_dist, left.sum(-2), right.sum(-2))):
+        torch.testing.assert_close(cells[..., : off - sat + 1].sum(-1), low, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(cells[..., off + sat :].sum(-1), high, atol=1e-6, rtol=1e-5)
+        assert (cells[..., outside] == 0).all()
+        if not far:
+            assert (cells[..., [0, -1]] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("layout", "batch", "in_place"),
+    [("contiguous", 1, True), ("projections", 2, True), ("contiguous", 2, False)],
+)
+def test_one_band_folds_add_into_the_gradients_in_place(monkeypatch, layout, batch, in_place):
+    """One band of unpadded rows (N = 48, a multiple of 16, past a saturation of 16) is dQ's and dK's per-head
+    layout where they have one (`_per_head_view`: the projections' (B, N, H, d) layout viewed as (B, H, N,
+    d), or a contiguous one at B = 1): the residue folds' products add into them in the matmuls' epilogue
+    (`_residue_folds`' ``into``), with no float32 product between; elsewhere they are added after. The
+    results eager's either way."""
+    c = Case(n=48, batch=batch, heads=2)
+    seen = []
+    real = triton_backend._residue_folds
+    monkeypatch.setattr(
+        triton_backend, "_residue_folds", lambda *a: seen.append(a[4] is not None) or real(*a)
+    )
+    geom = _geometry(c, DEVICE)
+    inputs = _inputs(c, torch.float32, DEVICE)
+    if layout == "projections":
+        split = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in inputs[:3]]
+        inputs = (*split, *inputs[3:])
+    out, grads = _run(triton_attention, c, inputs, geom)
+    ref, ref_grads = _run(eager_attention, c, _reference_inputs(inputs, DEVICE), geom, _grad_out(out))
+    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
+    assert seen == [in_place] * 2
+
+
 @pytest.mark.parametrize("name", ["n70_saturating", "explicit_positions_padding"])
 def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name):
     """The backward's distance buffers hold each row's 2·sat + 1 cells at a row stride padded to a multiple of
@@ -3196,6 +3313,7 @@ def test_folds_read_distance_buffers_at_an_aligned_row_stride(monkeypatch, name)
     padding reaches the folds' matmuls as zeros. The buffers start as NaN (tests/conftest.py), so at distance
     i - j the kernels zero the padding themselves; with explicit positions the buffer is zero-filled."""
     c = GRID[name]
+    monkeypatch.setattr(triton_backend, "GRADIENT_STORES", "cells")  # (the distance road's with "aligned")
     seen = _folded_buffers(monkeypatch)
     _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
     sat = min(c.rel.saturation, max(c.n, c.n_k or c.n)) if c.q_offset is None else c.rel.saturation
