@@ -58,7 +58,16 @@ issued instruction, 48% of issue slots busy). With ``ROW_LOOP`` a program takes 
 column blocks: its rows of q / k and their indices are computed and loaded once, and at two or more stages
 the next block's cells and table rows load while this one is multiplied and stored (compiled for sm_90 the
 loop's body is 368 instructions a block at 64×64 with three stages, 328 with two, against 672 for a whole
-one-block program; d 64, bf16, Triton 3.9).
+one-block program; d 64, bf16, Triton 3.9). On an H200 it was slower than one block a program.
+
+Column loops (``COL_LOOP``, `triton_backend.PRODUCT_PROGRAMS` "columns"). The row loop gathers its cells' table
+rows in every iteration: a load whose address waits on another (the cells'). But within a band every row meets
+the same table rows in a column block. So here a program takes a column block and one residue s, gathers
+those table rows once (and, with ``WRAP``, those of the cells -s … -1 that its first block computes for the
+row before), and runs over ``GROUPS`` row blocks of that residue: the loop loads only rows of q / k, at
+addresses computed from the loop index, which two or more stages fetch ahead (compiled for sm_90 the loop's
+body is 425 instructions a block at 64×64 with three stages, 128 registers; d 64, bf16, Triton 3.9). Not yet
+timed on a GPU.
 """
 
 from __future__ import annotations
@@ -96,7 +105,7 @@ def _distance_product_kernel(
     TMA: tl.constexpr,  # inner blocks stored through OUT_DESC
     ROW_LOOP: tl.constexpr,  # a program per row block, its column blocks in a loop (see below)
     WRAP: tl.constexpr,  # every cell stored 16 bytes at a time, the row ends by the rows they belong to (above)
-    COL_LOOP: tl.constexpr = False,  # a program per column block and residue, its row blocks in a loop (above)
+    COL_LOOP: tl.constexpr = False,  # a program per column block and residue, its row blocks in a loop (see above)
     GROUPS: tl.constexpr = 1,  # with COL_LOOP: the row blocks of one residue a program runs over
 ):
     # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short); with
