@@ -1208,19 +1208,19 @@ def _fold_bands(
     if _by_residues(dist.shape[-1]):
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
         # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
-        into = _per_head_view(grad) if bands == 1 and band == n else None
-        product, per_cell = _residue_folds(per_band, rows, content, width, into, scale)
-        if into is not None:
-            return _into_rows(per_cell, cells.flatten(), table.shape[1], scale)
+        target = _per_head_view(grad) if bands == 1 and band == n else None
+        product, per_cell = _residue_folds(per_band, rows, content, width, target, scale)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
+        target = None
         per_band = per_band[..., :width]
         product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
         per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
-    into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
-    whole = n // band  # the bands of real rows only; the last one's padding rows are not added
-    grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
-    if whole < bands:
-        grad[:, :, whole * band :].add_(into[:, :, whole, : n - whole * band], alpha=scale)
+    if target is None:  # the product, read in grad's order and added (in place above otherwise)
+        into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
+        whole = n // band  # the bands of real rows only; the last one's padding rows are not added
+        grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
+        if whole < bands:
+            grad[:, :, whole * band :].add_(into[:, :, whole, : n - whole * band], alpha=scale)
     return _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
 
 
@@ -1246,7 +1246,8 @@ def _residue_folds(
     """The two folds of `_fold_bands` for a buffer at an odd row stride, (G, M, DW) against the (G, width, d)
     table rows its cells stand for and the (G, M, d) content rows, one residue class of rows at a time
     (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32; with ``into`` (G, M,
-    d) float32 the product times ``alpha`` is added into it instead (in the matmuls' epilogue). Class s's column c
+    d) float32 the product times ``alpha`` is added into it instead (in the matmuls' epilogue; ``alpha``
+    scales only such a product). Class s's column c
     is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
     s (a view). Its per-cell sums are written apart, class beside class, and cell x sums row x + s of each
     class s (one strided reduction): accumulating the classes into one float32 output would read and write it
