@@ -332,6 +332,10 @@ def _attention_rows(
 
     # name -> (forward closure, tensors to differentiate, gradient of the output)
     candidates: dict[str, tuple[Callable, list, object]] = {}
+    # rows that change module settings of `triton_backend`: they hold for the whole timed call, the backward
+    # included (it reads GRADIENT_STORES, GRADIENT_BANDS, DISTANCE_PRODUCT, ... when autograd runs it, after
+    # the forward has returned)
+    settings_of: dict[str, dict] = {}
     for name in available_backends():
         try:
             backend = get_backend(name, request)
@@ -362,7 +366,7 @@ def _attention_rows(
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
-            candidates[row] = (_with_backend_settings(candidates["triton"][0], **settings), leaves, grad)
+            candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
         # one geometry for every call, as a model's layers share theirs
         candidates[SHARED_GEOMETRY_ROW] = (
             functools.partial(candidates["triton"][0], shared=Geometry()),
@@ -407,6 +411,10 @@ def _attention_rows(
         def fwd_bwd(fwd=fwd, ins=ins, out_grad=out_grad):
             torch.autograd.grad(fwd(), ins, out_grad)
 
+        if name in settings_of:
+            fwd, fwd_only, fwd_bwd = (
+                _with_backend_settings(f, **settings_of[name]) for f in (fwd, fwd_only, fwd_bwd)
+            )
         row = {"section": "attention", "impl": name, "n": n, "batch": batch, "heads": H, "head_dim": D}
         if reference is not None and name not in OTHER_FUNCTIONS:
             row["max_diff_vs_triton"] = _max_diff(fwd, reference)
