@@ -524,9 +524,13 @@ PRODUCT_STORES = "pointers"
 # "columns", one per column block and residue, gathering its cells' table rows once and running over GROUPS
 # row blocks (`PRODUCT_COLUMN_TILES`' stages pipelining the next block's rows of q / k): with one band every row
 # of a column block meets the same table rows, and a program's loads are then its rows of q / k alone, read
-# in order (not yet timed on a GPU).
+# in order. The default since an H200 timed it the fastest of the three (GPU time of the kernel per call,
+# forward and backward together, the setting held through both: 0.451 ms against 0.505 for "blocks" at
+# N = 512, 0.843 against 0.955 at 2048; the calls 2.498 against 2.551 ms and 4.871 against 4.981;
+# `benchmarks/results/attention_gpu_h200_a4b1134_profile.json`; forward alone at 8192 0.454 against 0.477,
+# `attention_gpu_h200_16dabb5_profile.json`). Head dims other than 64 are compiled, not timed.
 PRODUCT_PROGRAMS_MODES = ("blocks", "rows", "columns")
-PRODUCT_PROGRAMS = "blocks"
+PRODUCT_PROGRAMS = "columns"
 PRODUCT_COLUMN_TILES = Tiles(64, 64, 4, 3)  # (the row loop's shape and stages)
 PRODUCT_COLUMN_GROUPS = 8  # row blocks per "columns" program: at v3's N = 2048 7680 programs of 8 blocks
 # How the product kernel stores the ends of each row (`triton_products`): "wrap", 16 bytes at a time like the

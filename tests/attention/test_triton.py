@@ -2541,41 +2541,40 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
 
 def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monkeypatch):
     """``--tile-kernels _distance_product_kernel`` gives the swept shape to the distance tables' product kernel
-    (`triton_backend.PRODUCT_TILES`) only, on the distance road; on another road it is refused."""
+    only, on the distance road, as the tiles of the programs it runs (`triton_backend.PRODUCT_PROGRAMS`, set
+    for the whole run by ``--product-programs``): `PRODUCT_COLUMN_TILES` for the default's column loop,
+    `PRODUCT_TILES` for a block a program, `PRODUCT_ROW_TILES` for the row loop; on another road it is
+    refused."""
     import json
 
     bench = _benchmark_module()
-    seen = []
-    real = triton_backend._kernel_band_product
-
-    def spy(*args):
-        seen.append(triton_backend.PRODUCT_TILES)
-        return real(*args)
-
-    monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
-    default = triton_backend.PRODUCT_TILES
+    seen, real = [], triton_backend._kernel_band_product
     out = tmp_path / "tiles.json"
     args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x128w4s1", "--out", str(out)]
     args += ["--tile-kernels", "_distance_product_kernel", "--near-band", "distance"]
-    assert bench.main(args) == 0
-    result = json.loads(out.read_text())
-    assert [r["impl"] for r in result["rows"]] == ["triton 32x128 w4 s1 distance (_distance_product_kernel)"]
-    assert "fwd_ms" in result["rows"][0]
-    assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
-    assert triton_backend.PRODUCT_TILES == default and not triton_backend.TILE_OVERRIDES  # restored
-    # with --product-programs rows the shape goes to the row loop's tiles (the programs set for the whole run)
-    seen.clear()
-    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "blocks")  # restored after the test
-    rows_default = triton_backend.PRODUCT_ROW_TILES
-    monkeypatch.setattr(
-        triton_backend,
-        "_kernel_band_product",
-        lambda *a: seen.append(triton_backend.PRODUCT_ROW_TILES) or real(*a),
-    )
-    assert bench.main([*args, "--product-programs", "rows"]) == 0
-    assert json.loads(out.read_text())["environment"]["product_programs"] == "rows"
-    assert seen and set(seen) == {Tiles(32, 128, 4, 1)}
-    assert triton_backend.PRODUCT_ROW_TILES == rows_default
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", triton_backend.PRODUCT_PROGRAMS)  # restored after
+    for programs, name in (
+        (None, "PRODUCT_COLUMN_TILES"),
+        ("blocks", "PRODUCT_TILES"),
+        ("rows", "PRODUCT_ROW_TILES"),
+    ):
+        seen.clear()
+        default = getattr(triton_backend, name)
+
+        def spy(*a, name=name):
+            seen.append(getattr(triton_backend, name))
+            return real(*a)
+
+        monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
+        assert bench.main(args if programs is None else [*args, "--product-programs", programs]) == 0
+        result = json.loads(out.read_text())
+        assert [r["impl"] for r in result["rows"]] == [
+            "triton 32x128 w4 s1 distance (_distance_product_kernel)"
+        ]
+        assert "fwd_ms" in result["rows"][0]
+        assert result["environment"]["product_programs"] == (programs or "columns")
+        assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
+        assert getattr(triton_backend, name) == default and not triton_backend.TILE_OVERRIDES  # restored
     bad = [*args[:-1], "tables"]
     with pytest.raises(SystemExit, match="its tables are the distance road's, not 'tables'"):
         bench.main(bad)
@@ -2911,7 +2910,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (cuBLAS tables)",
         "triton (product TMA stores)",
         "triton (product row loop)",
-        "triton (product column loop)",
+        "triton (product block programs)",
         "triton (product edges masked)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
