@@ -30,7 +30,8 @@ Sections (all bfloat16 on one CUDA device):
    ``triton (product block programs)`` with one program per block of rows and cells ("blocks", the default
    before 2026-11-27; the default is "columns", a program per column block running over row blocks),
    ``triton (product edges masked)`` with each row's first and last block stored element by element
-   (`triton_backend.PRODUCT_EDGES` "masked").
+   (`triton_backend.PRODUCT_EDGES` "masked"), ``triton (tables kept)`` with the forward's distance tables kept
+   for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price).
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -365,6 +366,7 @@ def _attention_rows(
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
+            KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
@@ -460,6 +462,9 @@ ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
 # at their odd stride, 16-byte stores read back by residue classes ("aligned"): what the aligned stores save,
 # in bands (v3 at N <= 512) and in one band (N > 512, where the near tiles also sum no saturated pair)
 CELL_STORES_ROW = "triton (gradient stores by cell)"
+# `triton` with the forward's distance tables kept for the backward (`triton_backend.KEEP_TABLES`), which
+# otherwise builds them again: its peak memory beside its time
+KEPT_TABLES_ROW = "triton (tables kept)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -487,6 +492,7 @@ def attention_row_names() -> list[str]:
         PRODUCT_MASKED_EDGES_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
+        KEPT_TABLES_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -708,6 +714,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             PRODUCT_MASKED_EDGES_ROW,
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
+            KEPT_TABLES_ROW,
             PLAIN_ROW,
         )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)

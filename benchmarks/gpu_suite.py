@@ -88,21 +88,24 @@ sys.path[:0] = [str(ROOT), str(ROOT / BENCH)]  # the package and the scripts bes
 from debertakit.convert.checkpoint import atomic_write  # noqa: E402
 
 TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
-# the default road (`triton`, the distance road since 2026-11-26), the same with its distance tables from cuBLAS's
-# matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel changes), with that kernel's rows'
-# ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what storing them whole saves), with the backward's
-# gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at N = 512), with the banded
-# gradients stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in bands and
-# from 2048 in one band; the product
-# kernel's two variants, timed on an H200 and not faster, are left to the profile step), with one geometry for
-# all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), through the custom op
-# (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), and the other roads timed
+# the default road (`triton`, the distance road since 2026-11-26) and the same with one setting changed:
+# - its distance tables from cuBLAS's matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel
+#   changes), that kernel's rows' ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what
+#   storing them whole saves);
+# - the backward's gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at
+#   N = 512), stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in
+#   bands and from 2048 in one band), the forward's tables kept for the backward
+#   (`attention_gpu.KEPT_TABLES_ROW`: what building them again costs, and in memory what keeping them does);
+# - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call),
+#   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call);
+# and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
     "triton (cuBLAS tables)",
     "triton (product edges masked)",
     "triton (gradients in one band)",
     "triton (gradient stores by cell)",
+    "triton (tables kept)",
     "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",

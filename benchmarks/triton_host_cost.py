@@ -148,9 +148,12 @@ def _autocast_off_on_meta(device_type: str, *args, **kwargs):
     return contextlib.nullcontext() if device_type == "meta" else _AUTOCAST(device_type, *args, **kwargs)
 
 
-def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=torch.bfloat16) -> dict:
+def measure(
+    n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=torch.bfloat16, keep: bool = False
+) -> dict:
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
-    `triton_backend.NEAR_BAND` = ``near_band``."""
+    `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
+    (`triton_backend.KEEP_TABLES`), and ``kept_bytes`` is what they hold from the forward to the backward."""
     batch = tokens // n
     rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
@@ -158,17 +161,20 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
     # q, k, v as the projections produce them: (B, N, H, d) viewed as (B, H, N, d)
     q, k, v = (torch.empty(batch, n, heads, dim, device=dev, dtype=dtype).transpose(1, 2) for _ in range(3))
     pos_q, pos_k = (torch.empty(heads, rel.table_rows, dim, device=dev, dtype=dtype) for _ in range(2))
-    calls = {}
-    fwd_body, bwd_body = triton_backend._fwd, triton_backend._bwd  # the ops' bodies
+    calls, kept_bytes = {}, [0]
+    fwd_body, bwd_body = triton_backend._forward, triton_backend._bwd  # the ops' bodies
 
     def fwd(*inputs):  # the op's body, recorded, and its backward's body on the saved inputs, recorded
         with Recorder() as rec:
-            out, lse = fwd_body(*inputs)
+            out, lse, position = fwd_body(*inputs)
         calls["forward"] = rec
+        kept = [position.row, position.col, position.far] if keep and position.dist else []
+        # whole buffers: ROW / COL are views from their row 0's cell of distance 0
+        kept_bytes[0] = sum(t.untyped_storage().nbytes() for t in kept if t is not None)
         q_, k_, v_, pq, pk, aux, scale, config = inputs
         dout = torch.empty_like(out)
-        with Recorder() as rec:
-            bwd_body(dout, q_, k_, v_, out, lse, pq, pk, aux, scale, config)
+        with Recorder() as rec:  # the kept tables ride after aux's tensors, as the eager backward passes them
+            bwd_body(dout, q_, k_, v_, out, lse, pq, pk, [*aux, *kept], scale, config)
         calls["backward"] = rec
         return out, lse
 
@@ -189,7 +195,8 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
                 q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
             )
     attention = 4 * n * n * dim * heads * batch
-    row = dict(n=n, batch=batch, near_band=near_band, attention_fwd_flops=attention)
+    row = dict(n=n, batch=batch, near_band=near_band + (", tables kept" if keep else ""))
+    row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
         row[phase] = dict(
             fp32_flops=rec.flops["fp32"],
@@ -204,17 +211,18 @@ def measure(n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=tor
 def _table(rows: list[dict]) -> str:
     head = (
         "| N | batch | near band | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
-        "| GB moved | ops launched |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"
+        "| GB moved | ops launched | GB kept for the backward |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
+        kept = f"{r['kept_bytes'] / 1e9:.2f}" if r["kept_bytes"] else ""
         for phase, mult in (("forward", 1.0), ("backward", 2.5)):
             c = r[phase]
             attention = mult * r["attention_fwd_flops"]  # the kernels' FLOPs in this phase
             lines.append(
                 f"| {r['n']} | {r['batch']} | {r['near_band']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
                 f"| {c['half_flops'] / 1e9:.1f} | {c['fp32_flops'] / attention:.1%} | {c['half_flops'] / attention:.1%} "
-                f"| {c['bytes'] / 1e9:.2f} | {sum(c['launches'].values())} |"
+                f"| {c['bytes'] / 1e9:.2f} | {sum(c['launches'].values())} | {kept if phase == 'forward' else ''} |"
             )
     return "\n".join(lines)
 
@@ -234,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     modes = triton_backend.NEAR_BAND_MODES
     rows = [measure(n, args.tokens, args.heads, args.dim, mode) for n in args.lengths for mode in modes]
+    # the distance road with the forward's tables kept for the backward (`triton_backend.KEEP_TABLES`)
+    rows += [measure(n, args.tokens, args.heads, args.dim, "distance", keep=True) for n in args.lengths]
     table = _table(rows)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

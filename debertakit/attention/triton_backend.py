@@ -871,12 +871,19 @@ def _position_inputs(
     sat: int,
     scale: float,
     band: int,
+    kept: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None,
 ) -> _PositionInputs:
+    """What the kernels of ``kernels`` read of the position terms. With ``kept``, ROW, COL and FAR as the
+    forward built them on the distance road (`KEEP_TABLES`): not built again."""
     skew = _uses_skew(q, pos_q, pos_k, ij, p2p, dropout, kernels)
     dist = cells is not None  # (given where `_uses_distance`: never with skew)
     q_heads = _per_head(q) if c2p else None
     k_heads = _per_head(k) if p2c else None
     (B, H, NQ, _), NK = q.shape, k.shape[2]
+    PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
+    if dist and kept is not None:
+        row, col, far = kept
+        return _PositionInputs(skew, dist, row, col, far, cells.shape[2] - 1, PQ, PK, TR, q_heads, k_heads)
     if dist:
         reach = cells.shape[2] // 2
         row, col = _distance_tables(q_heads, k_heads, pos_q, pos_k, cells, scale * LOG2E, (B, NQ, NK), band)
@@ -892,7 +899,6 @@ def _position_inputs(
     if dist:  # the kernels read ROW / COL from row 0's cell of distance 0 (`triton_kernels._distance_terms`)
         first = _distance_offset(band, cells.shape[2])
         row, col = (None if t is None else t[first:] for t in (row, col))
-    PQ, PK, TR = _position_args(pos_q, pos_k, skew, q)
     return _PositionInputs(skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads)
 
 
@@ -970,6 +976,9 @@ class _Aux(NamedTuple):
     q_lut: Tensor | None  # the query rows' distance buffer's lookup table (`_mirrored`), where ROW is read
 
 
+AUX_COUNT = len(_Aux._fields)  # `_Aux`'s tensors; the backward's ``aux`` may hold the kept tables after them
+
+
 class _Config(NamedTuple):
     """The ops' integer and boolean settings, passed as one ``list[int]`` (``config``). The ops take their inputs
     in groups because `torch.library.custom_op`'s autograd wrapper rebuilds the schema's arguments once per
@@ -1012,16 +1021,24 @@ def _fwd(
     """(out (B, H, Nq, D) in q's dtype, float32 with dropout (`_out_dtype`), logsumexp (B, H, Nq) float32 in
     base 2 (see `triton_kernels`); +inf on rows with no visible key). ``aux``: `_Aux`'s tensors, ``config``:
     `_Config`'s values."""
+    out, lse, _ = _forward(q, k, v, pos_q, pos_k, aux, scale, config)
+    return out, lse
+
+
+def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor, _PositionInputs]:
+    """`_fwd` (the same arguments): its out and lse, and the position inputs its kernel read (the tables a
+    backward may keep)."""
     dev = q.device
     lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _ = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
-        skew, dist, row, col, far, R, PQ, PK, TR, _, _ = _position_inputs(
+        inputs = _position_inputs(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD, cells, sat,
             scale, band,
         )  # fmt: skip
+        skew, dist, row, col, far, R, PQ, PK, TR, _, _ = inputs
         out = torch.empty_like(q, dtype=_out_dtype(q, drop_t))
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
         t = tiles_for(dev, D, "_fwd_kernel", drop_t > 0, skew)
@@ -1036,7 +1053,7 @@ def _fwd(
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
-    return out, lse
+    return out, lse, inputs
 
 
 _fwd_op = torch.library.custom_op("debertakit::disentangled_attention_fwd", _fwd, mutates_args=())
@@ -1113,6 +1130,15 @@ GRADIENT_BANDS = True
 GRADIENT_STORES_MODES = ("aligned", "cells")
 GRADIENT_STORES = "aligned"
 RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is 8 cells modulo 16
+# Whether an eager forward on the distance road keeps its tables (ROW, COL and FAR) for the backward, which
+# otherwise builds them again (`_position_inputs`): memory for speed. The backward's product is about 9% of a
+# forward+backward at v3's N = 2048 (half of the two products' 0.843 ms in 4.871 on an H200, the column loop's
+# row of `benchmarks/results/attention_gpu_h200_a4b1134_profile.json`), and the tables stay in memory from the
+# forward to the backward: two of H · B·N · (2·reach + 1) 16-bit cells a layer (0.96 GB at v3's N = 2048 with
+# 12 heads and batch·N = 16384: `benchmarks/triton_host_cost.py`, the rows "distance, tables kept"). Off by
+# default (not yet timed on a GPU); compiled graphs run the custom ops, whose backward builds them again either
+# way.
+KEEP_TABLES = False
 
 
 def _by_residues(stride: int) -> bool:
@@ -1321,16 +1347,20 @@ def _bwd(
     config: list[int],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dpos_q, dpos_k); a position gradient is an empty tensor when its table is absent. ``aux`` and
-    ``config`` as the forward's (`_Aux`, `_Config`)."""
+    ``config`` as the forward's (`_Aux`, `_Config`); after `_Aux`'s tensors ``aux`` may hold ROW, COL and FAR
+    as an eager forward kept them (`KEEP_TABLES`), which the backward then reads instead of building them."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut = _Aux(*aux)
+    kept = tuple(aux[AUX_COUNT:]) or None
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut = _Aux(
+        *aux[:AUX_COUNT]
+    )
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with torch.autocast(dev.type, enabled=False):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
             q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, BACKWARD, cells, sat,
-            scale, band,
+            scale, band, kept,
         )  # fmt: skip
         t_dq = tiles_for(dev, D, "_dq_kernel", drop_t > 0, skew)
         t_dkv = tiles_for(dev, D, "_dkv_kernel", drop_t > 0, skew)
@@ -1445,17 +1475,20 @@ def _(dout, q, k, v, out, lse, pos_q, pos_k, *args):
     )
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output, kept: tuple = ()):
+    """Saves what the backward reads: the inputs, out and lse, and ``kept``, the forward's ROW, COL and FAR
+    where it keeps them (`KEEP_TABLES`; eager calls only)."""
     q, k, v, pos_q, pos_k, aux, scale, config = inputs
     ctx.scale, ctx.config = scale, config
     ctx.has_pos = (pos_q is not None, pos_k is not None)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *aux)
+    ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, *aux, *kept)
 
 
 def _gradients(ctx, saved: tuple, dout: Tensor, bwd) -> tuple[Tensor | None, ...]:
     """(dq, dk, dv, dpos_q, dpos_k) by ``bwd`` (the op or its body) from ``saved``, the tensors `_setup_context`
-    saved (``ctx.saved_tensors``, read once: activation checkpointing lets a backward unpack them only once)."""
+    saved (``ctx.saved_tensors``, read once: activation checkpointing lets a backward unpack them only once):
+    ``aux`` and the tables kept after it, if any."""
     q, k, v, out, lse, pos_q, pos_k, *aux = saved
     dq, dk, dv, dpos_q, dpos_k = bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, ctx.scale, ctx.config)
     return dq, dk, dv, dpos_q if ctx.has_pos[0] else None, dpos_k if ctx.has_pos[1] else None
@@ -1466,7 +1499,7 @@ def _backward(ctx, dout, dlse):
     # aux, scale and config take none; `custom_op` takes a list argument of tensors only as that many inputs and
     # one holding a None as one input, and wants aux's gradient in the same form
     # (`torch._library.autograd.supports_tensorlist`)
-    aux = saved[7:]
+    aux = saved[7 : 7 + AUX_COUNT]
     aux_grad = None if any(t is None for t in aux) else [None] * len(aux)
     return (*_gradients(ctx, saved, dout, _bwd_op), aux_grad, None, None)
 
@@ -1484,15 +1517,17 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pos_q, pos_k, scale, config, *aux):
-        out, lse = _fwd(q, k, v, pos_q, pos_k, list(aux), scale, config)
-        _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse))
+        out, lse, inputs = _forward(q, k, v, pos_q, pos_k, list(aux), scale, config)
+        keep = KEEP_TABLES and inputs.dist and any(ctx.needs_input_grad[:5])
+        kept = (inputs.row, inputs.col, inputs.far) if keep else ()
+        _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse), kept)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         saved = ctx.saved_tensors
-        return (*_gradients(ctx, saved, dout, _bwd), None, None, *(None for _ in saved[7:]))
+        return (*_gradients(ctx, saved, dout, _bwd), None, None, *(None for _ in range(AUX_COUNT)))
 
 
 def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor]:

@@ -2914,6 +2914,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (product edges masked)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
+        "triton (tables kept)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -3030,7 +3031,8 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     out = tmp_path / "cost.json"
     bench.main(["--lengths", "64", "--tokens", "128", "--heads", "2", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew"}
+    kept = "distance, tables kept"  # the forward's tables kept for the backward (`KEEP_TABLES`)
+    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew", kept}
     for r in rows:
         for phase in ("forward", "backward"):
             assert r[phase]["fp32_flops"] == 0, (r["near_band"], phase)
@@ -3039,6 +3041,12 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     # the skewed kernels build no N×R table: less to move than the tables' road, in their direction only
     assert moved["skew", "forward"] == moved["skew-forward", "forward"] < moved["tables", "forward"]
     assert moved["skew", "backward"] < moved["skew-forward", "backward"] == moved["tables", "backward"]
+    # kept tables: the forward as before, the backward without their product; what they hold, counted
+    launched = {r["near_band"]: sum(r["backward"]["launches"].values()) for r in rows}
+    assert moved[kept, "forward"] == moved["distance", "forward"] and launched[kept] < launched["distance"]
+    assert moved[kept, "backward"] < moved["distance", "backward"]
+    held = {r["near_band"]: r["kept_bytes"] for r in rows}
+    assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
 
 
 def test_bounds_count_the_table_cells_and_near_tiles_of_the_pairs():
@@ -3305,6 +3313,65 @@ def test_one_band_gradients_hold_every_near_pair_in_its_cell(monkeypatch, name):
         assert (cells[..., outside] == 0).all()
         if not far:
             assert (cells[..., [0, -1]] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["n70_saturating", "c2p_only", "p2c_only", "packed", "causal_padding"])
+def test_kept_tables_give_the_same_gradients_without_building_them_again(monkeypatch, name, dtype):
+    """`KEEP_TABLES`: an eager call on the distance road saves its forward's ROW, COL and FAR for the backward,
+    which builds no table of its own (one `_distance_tables` and one `_far_columns` per call, the forward's,
+    where each call builds two of each without it) and gives the gradients of the call that builds them again,
+    bit for bit. ``n70_saturating`` has far tiles (FAR kept), the others one side's table or a packed / causal
+    geometry."""
+    c = GRID[name]
+    inputs = _inputs(c, dtype, DEVICE)
+    built = Counter()
+    for fn in ("_distance_tables", "_far_columns"):
+        real = getattr(triton_backend, fn)
+        monkeypatch.setattr(triton_backend, fn, lambda *a, fn=fn, real=real: built.update([fn]) or real(*a))
+    want_out, want = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
+    rebuilt, built = built, Counter()
+    monkeypatch.setattr(triton_backend, "KEEP_TABLES", True)
+    out, got = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
+    assert rebuilt["_distance_tables"] == 2 and built["_distance_tables"] == 1
+    assert built["_far_columns"] == rebuilt["_far_columns"] // 2
+    if name == "n70_saturating":
+        assert rebuilt["_far_columns"] == 2
+    for a, b in zip((out, *got), (want_out, *want), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_kept_tables_are_saved_with_the_graph_and_freed_by_its_backward(monkeypatch):
+    """The tables a forward keeps (`KEEP_TABLES`) are saved tensors of its autograd node, three more than
+    without (ROW, COL, FAR), freed with the others once the backward has run; a forward without gradients
+    has no node and keeps nothing."""
+    c = GRID["n70_saturating"]
+    q, k, v, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
+    geom, sf = _geometry(c, DEVICE), scale_for(c.dim, 3)
+
+    def call():
+        return triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=sf, terms=c.terms)[0]
+
+    def node(out):  # the attention's own autograd node, under the views and casts after it
+        todo = [out.grad_fn]
+        while todo:
+            fn = todo.pop()
+            if type(fn).__name__.startswith("_EagerAttention"):
+                return fn
+            todo += [f for f, _ in fn.next_functions if f is not None]
+
+    saved = {}
+    for keep in (False, True):
+        monkeypatch.setattr(triton_backend, "KEEP_TABLES", keep)
+        out = call()
+        saved[keep] = node(out).saved_tensors
+    kept = saved[True][len(saved[False]) :]
+    assert len(kept) == 3 and all(t is not None and t.dtype == torch.float32 for t in kept)
+    out.sum().backward()
+    with pytest.raises(RuntimeError, match="freed"):
+        _ = node(out).saved_tensors
+    with torch.no_grad():
+        assert call().grad_fn is None
 
 
 @pytest.mark.parametrize(
