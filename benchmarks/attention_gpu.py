@@ -659,12 +659,14 @@ PROFILE_CALLS = 5  # calls profiled per measurement, after one warm-up call
 
 def _profiled(fn: Callable[[], object], gpu: bool, activities: list) -> dict:
     """``{"prof": ...}``: `torch.profiler`'s record of ``activities`` over `PROFILE_CALLS` calls of ``fn``, after one
-    warm-up call (compilation, allocator, caches); or the row's error (`_or_error`)."""
+    warm-up call on a GPU (compilation, allocator, caches; the CPU's smoke runs, in the interpreter, compile
+    nothing and time nothing that matters); or the row's error (`_or_error`)."""
     import torch
     from torch.profiler import profile
 
     def measure() -> dict:
-        fn()
+        if gpu:
+            fn()
         with profile(activities=activities) as prof:
             for _ in range(PROFILE_CALLS):
                 fn()

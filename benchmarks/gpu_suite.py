@@ -35,8 +35,10 @@ or the budget runs out, or the suite itself is interrupted, the group is stopped
 then SIGKILL to whatever of it is left (ncu's children too). A step is not started with less than its
 ``min_s`` left. The caps and minimums are estimates; each step's seconds are recorded, to correct them by (on
 an H200, 2026-11-26: environment 17 s, targets 92, profile 25, latency 61, gpu-tests 217, tiles-product 29,
-model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; README, "third lease"). The benchmark scripts are given ``--budget-s`` a margin short of the time they
-have, so that they stop between units and keep everything measured (their results files are rewritten after
+model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; README, "third lease"; on an
+H200, 2026-11-27: environment 19 s, targets 110 with 12 rows, profile 29, gpu-tests 279 (121 tests),
+tiles-product-columns 32; "fourth lease"). The benchmark scripts are given ``--budget-s`` a margin short of the
+time they have, so that they stop between units and keep everything measured (their results files are rewritten after
 each unit); a unit stopped all the same (an ncu profile may take longer than the margin) loses only itself.
 ``--smoke`` runs each step's smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests
 collected, not run; the ncu profile has none), to check the plan before a lease. After each step, ``--out``
