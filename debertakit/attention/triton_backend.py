@@ -1136,8 +1136,9 @@ RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is
 # row of `benchmarks/results/attention_gpu_h200_a4b1134_profile.json`), and the tables stay in memory from the
 # forward to the backward: two of H · B·N · (2·reach + 1) 16-bit cells a layer (0.96 GB at v3's N = 2048 with
 # 12 heads and batch·N = 16384: `benchmarks/triton_host_cost.py`, the rows "distance, tables kept"). Off by
-# default (not yet timed on a GPU); compiled graphs run the custom ops, whose backward builds them again either
-# way.
+# default: timed once per call on an H200 it was slower at 2048 (5.632 ms against 5.036 forward+backward,
+# `benchmarks/results/attention_gpu_h200_6305bd1_kept.json`), not yet profiled. Compiled graphs run the custom
+# ops, whose backward builds them again either way.
 KEEP_TABLES = False
 
 
