@@ -288,6 +288,24 @@ def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
         assert torch.equal(full[:, lo:hi], part)
 
 
+def _count_calls(monkeypatch, *names: str) -> Counter:
+    """Counts the calls of `triton_backend`'s functions ``names`` (by name) from here on, running each."""
+    calls = Counter()
+
+    def counting(name):
+        real = getattr(triton_backend, name)
+
+        def counted(*args):
+            calls[name] += 1
+            return real(*args)
+
+        return counted
+
+    for name in names:
+        monkeypatch.setattr(triton_backend, name, counting(name))
+    return calls
+
+
 @pytest.mark.parametrize("near_band", ["tables", "distance"])
 def test_lookup_tables_are_built_once_across_forwards(monkeypatch, near_band):
     """The LUTs and the distance tables' cells depend on the mapping and the shapes alone: a second forward with
@@ -295,19 +313,7 @@ def test_lookup_tables_are_built_once_across_forwards(monkeypatch, near_band):
     is the first forward's."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
     c = dataclasses.replace(GRID["n33"], rel=RelativeIndex(span=16, bucket_size=8, max_position=32))
-    builds = Counter()
-
-    def counting(name):
-        real = getattr(triton_backend, name)
-
-        def counted(*args):
-            builds[name] += 1
-            return real(*args)
-
-        return counted
-
-    for name in ("_lut", "_mirrored", "_distance_cells"):
-        monkeypatch.setattr(triton_backend, name, counting(name))
+    builds = _count_calls(monkeypatch, "_lut", "_mirrored", "_distance_cells")
     inputs = _inputs(c, torch.float32, DEVICE)
     first = _run(triton_attention, c, inputs, Geometry())
     once = dict(builds)
@@ -3325,12 +3331,10 @@ def test_kept_tables_give_the_same_gradients_without_building_them_again(monkeyp
     geometry."""
     c = GRID[name]
     inputs = _inputs(c, dtype, DEVICE)
-    built = Counter()
-    for fn in ("_distance_tables", "_far_columns"):
-        real = getattr(triton_backend, fn)
-        monkeypatch.setattr(triton_backend, fn, lambda *a, fn=fn, real=real: built.update([fn]) or real(*a))
+    built = _count_calls(monkeypatch, "_distance_tables", "_far_columns")
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
-    rebuilt, built = built, Counter()
+    rebuilt = Counter(built)
+    built.clear()
     monkeypatch.setattr(triton_backend, "KEEP_TABLES", True)
     out, got = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
     assert rebuilt["_distance_tables"] == 2 and built["_distance_tables"] == 1
