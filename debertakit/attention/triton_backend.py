@@ -1223,15 +1223,17 @@ def _fold_bands(
     n: int,
     band: int,
     scale: float,
-) -> Tensor:
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
     """`_fold_into_content` and `_fold_into_table` for a gradient buffer in bands (`_gradient_buffer`): per
     (head, band) its (B·band, cells) rows against the position-table rows its ``cells`` (bands, cells) index
     (`_distance_cells`, the tables' own: a band's cell e stands for the same distance in the gradient as in the
-    table), added into ``grad`` (B, H, N, d) from a float32 (H, B·N', d) product read in place (one add, no
-    copy into ``grad``'s order; with one band of unpadded rows in ``grad``'s per-head view, `_per_head_view`,
-    the products add into it in their epilogue), and against the ``content`` rows (H, B·N, d) copied
-    band-major, folded into the table's rows through the cells. Returns the table's gradient (H, R, d),
-    float32."""
+    table), added to ``grad`` (B, H, N, d, float32) from a float32 (H, B·N', d) product read in place (no copy
+    into ``grad``'s order: `_add_bands`, which writes the sum in ``dtype``; with one band of unpadded rows in
+    ``grad``'s per-head view, `_per_head_view`, the products add into it in their epilogue), and against the
+    ``content`` rows (H, B·N, d) copied band-major, folded into the table's rows through the cells. Returns
+    ``grad`` with the product added (in ``dtype`` where `_add_bands` wrote it, else ``grad`` itself) and the
+    table's gradient (H, R, d), float32."""
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
@@ -1247,12 +1249,31 @@ def _fold_bands(
         product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
         per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
     if target is None:  # the product, read in grad's order and added (in place above otherwise)
-        into = product.view(H, bands, batch, band, d).permute(2, 0, 1, 3, 4)
-        whole = n // band  # the bands of real rows only; the last one's padding rows are not added
-        grad[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
-        if whole < bands:
-            grad[:, :, whole * band :].add_(into[:, :, whole, : n - whole * band], alpha=scale)
-    return _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+        grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
+    return grad, _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+
+
+def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch.dtype) -> Tensor:
+    """``grad`` (B, H, N, d) float32 plus ``scale`` times ``product`` (H, bands, B, band, d), the bands' rows
+    of real tokens only (the last band's padding rows are not added), as a new tensor in ``dtype``, ``grad``'s
+    strides (in place where ``dtype`` is float32). One pass that rounds the float32 sum once, as adding into
+    ``grad`` and converting it after would, without writing ``grad`` and reading it back: at v3's N = 512 the
+    two folds' adds and conversions moved 0.45 GB, this 0.25 (`benchmarks/triton_host_cost.py`)."""
+    out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
+    band = product.shape[3]
+    into = product.permute(2, 0, 1, 3, 4)  # (B, H, bands, band, d): grad's order
+    whole = n // band
+    rows = (slice(None), slice(None), slice(0, whole * band))
+    torch.add(
+        grad[rows].unflatten(2, (whole, band)),
+        into[:, :, :whole],
+        alpha=scale,
+        out=out[rows].unflatten(2, (whole, band)),
+    )
+    if whole * band < n:
+        rows = (slice(None), slice(None), slice(whole * band, n))
+        torch.add(grad[rows], into[:, :, whole, : n - whole * band], alpha=scale, out=out[rows])
+    return out
 
 
 def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
@@ -1419,9 +1440,9 @@ def _bwd(
         dpos_q = dpos_k = None
         if like_tables:  # (the distance road: no p2p)
             if dq_dist is not None:
-                dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, q_band, scale)
+                dq, dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, q_band, scale, q.dtype)
             if dk_dist is not None:
-                dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, k_band, scale)
+                dk, dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, k_band, scale, k.dtype)
         elif dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
                 _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)

@@ -3223,6 +3223,43 @@ def test_absent_arguments_launch_nothing(monkeypatch):
         assert "clone" not in launches and launches.get("sum", 0) == (2 if r is dist else 0), launches
 
 
+def test_banded_folds_write_the_gradients_in_one_pass():
+    """In bands the folds' products are added to dQ / dK in float32 and the sums written in the inputs' dtype by
+    one operation each (`_add_bands`), not added into the float32 gradients and converted after: no in-place
+    add, and the only conversions left are the two position tables' gradients. With one band (N = 128 here)
+    the products add into dQ / dK in their epilogue, and the gradients are converted as before."""
+    bench = _benchmark_module("triton_host_cost")
+    banded = bench.measure(512, 1024, 2, 64, "distance")["backward"]["launches"]
+    assert banded.get("add") == 2 and "add_" not in banded and banded["_to_copy"] == 2, banded
+    one = bench.measure(128, 256, 2, 64, "distance")["backward"]["launches"]
+    assert "add" not in one and "add_" not in one and one["_to_copy"] == 4, one
+
+
+def test_adding_the_bands_rounds_the_float32_sum_once():
+    """`_add_bands`: the bands' products added to a float32 gradient in the projections' layout and written in
+    bfloat16 are bit for bit the sum added in float32 and converted after, the last band's padding rows left
+    out, in the gradient's strides; in float32 the sum is added into the gradient itself."""
+    B, H, N, d, band = 2, 3, 21, 8, 8  # three bands, the last with 5 real rows of 8
+    bands = triton_backend.triton_cdiv(N, band)
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d) over (B, N, H, d) memory
+    product = torch.randn(H, bands, B, band, d, generator=g)
+    scale = 0.3
+    # as before: added into the float32 gradient in place, band by band (then converted)
+    want, into, whole = grad.clone(), product.permute(2, 0, 1, 3, 4), N // band
+    want[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
+    want[:, :, whole * band :].add_(into[:, :, whole, : N - whole * band], alpha=scale)
+    by_row = grad.clone()  # row by row: which product row each gradient row gets
+    for h, i, b in itertools.product(range(H), range(N), range(B)):
+        by_row[b, h, i] += scale * product[h, i // band, b, i % band]
+    torch.testing.assert_close(want, by_row, rtol=0, atol=1e-6)
+    got = triton_backend._add_bands(grad, product, N, scale, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.stride() == grad.stride()
+    assert torch.equal(got, want.to(torch.bfloat16))
+    same = triton_backend._add_bands(grad, product, N, scale, torch.float32)
+    assert same is grad and torch.equal(grad, want)
+
+
 def _folded_buffers(monkeypatch) -> list:
     """Copies of the distance buffers the backward folds into dQ / dK (`_fold_into_content`), in call order."""
     seen = []
