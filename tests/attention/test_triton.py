@@ -2671,6 +2671,54 @@ def test_gpu_benchmark_checks_each_row_against_triton(monkeypatch, swap_tables):
     assert any("output differs from sdpa's" in v for v in bench.verdicts([off]))
 
 
+def test_gpu_benchmark_times_calls_queued_back_to_back(monkeypatch, capsys):
+    """The queued time: batches of calls with no wait between them, timed by events around each batch (here
+    a clock each call advances by 2 ms), the median per call; fewer calls a batch for longer calls, none over
+    `QUEUED_UP_TO_MS`. It becomes the rows' queued TFLOP/s, printed beside the per-call rate and the verdicts'
+    (which judge the per-call one)."""
+    bench = _benchmark_module()
+    clock, calls = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.at = clock[0]
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def call():
+        calls.append(True)
+        clock[0] += 2.0 + 0.5 * (len(calls) == 1)  # the first call is slower: the median leaves it out
+
+    assert bench.queued_ms(call, per_call_ms=0.1) == 2.0
+    assert len(calls) == bench.QUEUED_REPEATS * bench.QUEUED_CALLS
+    calls.clear()
+    assert bench.queued_ms(call, per_call_ms=40.0) == 2.0 and len(calls) == bench.QUEUED_REPEATS * 2
+    calls.clear()
+    assert bench.queued_ms(call, per_call_ms=bench.QUEUED_UP_TO_MS + 1) is None and not calls
+
+    flops = 3.5 * bench.attention_flops(8, 12, 2048, 64)
+    rate = bench._rate("fwd_bwd", {"ms": 5.0, "queued_ms": 4.5, "peak_gib": 1.0}, flops)
+    assert rate["fwd_bwd_tflops"] == round(flops / 5e-3 / 1e12, 2) and rate["fwd_bwd_queued_ms"] == 4.5
+    assert rate["fwd_bwd_queued_tflops"] == round(flops / 4.5e-3 / 1e12, 2)
+    assert "fwd_bwd_queued_tflops" not in bench._rate(
+        "fwd_bwd", {"ms": 5.0, "queued_ms": None, "peak_gib": None}, 1
+    )
+    row = dict(section="attention", impl="triton", n=2048, batch=8, fwd_tflops=80.0, fwd_queued_tflops=90.0)
+    row.update(rate)
+    lines = bench.verdicts([row])
+    assert "triton N=2048: forward 80.0 TFLOP/s per call, 90.0 queued (target >= 100): MISSED" in lines
+    assert any(f"forward+backward {rate['fwd_bwd_tflops']} TFLOP/s per call, " in v for v in lines)
+    bench.print_table([row])
+    assert f"90.0 / {rate['fwd_bwd_queued_tflops']}" in capsys.readouterr().out
+
+
 def test_gpu_benchmark_starts_each_length_with_an_empty_compile_cache(monkeypatch):
     """Compiled `flex` compiles every shape anew: the lengths before would use up dynamo's recompile limit, after
     which it runs unfused (`flex._flex_fn`), so each length's rows start from an empty cache."""
