@@ -31,7 +31,9 @@ Sections (all bfloat16 on one CUDA device):
    before 2026-11-27; the default is "columns", a program per column block running over row blocks),
    ``triton (product edges masked)`` with each row's first and last block stored element by element
    (`triton_backend.PRODUCT_EDGES` "masked"), ``triton (tables kept)`` with the forward's distance tables kept
-   for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price).
+   for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold kernel)`` with
+   the backward's fold products by `triton_products`' fold kernel where the gradients lie in one band
+   (`triton_backend.FOLD_PRODUCT` "triton"; N > 512 here).
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -403,6 +405,7 @@ def _attention_rows(
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
+            FOLD_KERNEL_ROW: dict(FOLD_PRODUCT="triton"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
@@ -502,6 +505,10 @@ CELL_STORES_ROW = "triton (gradient stores by cell)"
 # `triton` with the forward's distance tables kept for the backward (`triton_backend.KEEP_TABLES`), which
 # otherwise builds them again: its peak memory beside its time
 KEPT_TABLES_ROW = "triton (tables kept)"
+# `triton` with the backward's fold products computed by `triton_products`' fold kernel
+# (`triton_backend.FOLD_PRODUCT` "triton"), which writes dQ / dK in the inputs' dtype, where the gradients lie in
+# one band (N > 512 here); at N <= 512 (bands) the same kernels as `triton`
+FOLD_KERNEL_ROW = "triton (fold kernel)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -530,6 +537,7 @@ def attention_row_names() -> list[str]:
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
+        FOLD_KERNEL_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -754,6 +762,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,
+            FOLD_KERNEL_ROW,
             PLAIN_ROW,
         )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)

@@ -149,11 +149,20 @@ def _autocast_off_on_meta(device_type: str, *args, **kwargs):
 
 
 def measure(
-    n: int, tokens: int, heads: int, dim: int, near_band: str, dtype=torch.bfloat16, keep: bool = False
+    n: int,
+    tokens: int,
+    heads: int,
+    dim: int,
+    near_band: str,
+    dtype=torch.bfloat16,
+    keep: bool = False,
+    fold: bool = False,
 ) -> dict:
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
-    (`triton_backend.KEEP_TABLES`), and ``kept_bytes`` is what they hold from the forward to the backward."""
+    (`triton_backend.KEEP_TABLES`), and ``kept_bytes`` is what they hold from the forward to the backward; with
+    ``fold`` the fold kernel computes the folds' products where it serves (`triton_backend.FOLD_PRODUCT`
+    "triton": a kernel of ours, not counted, as the attention kernels are not)."""
     batch = tokens // n
     rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
@@ -185,6 +194,8 @@ def measure(
     patches = dict(
         _attention=fwd,
         _kernels=_NoLaunch,
+        _products=_NoLaunch,  # (the fold kernel's; the tables' products are cuBLAS's here, counted)
+        FOLD_PRODUCT="triton" if fold else "cublas",
         NEAR_BAND=near_band,
         DISTANCE_PRODUCT="cublas",
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
@@ -195,7 +206,11 @@ def measure(
                 q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
             )
     attention = 4 * n * n * dim * heads * batch
-    row = dict(n=n, batch=batch, near_band=near_band + (", tables kept" if keep else ""))
+    row = dict(
+        n=n,
+        batch=batch,
+        near_band=near_band + (", tables kept" if keep else "") + (", fold kernel" if fold else ""),
+    )
     row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
         row[phase] = dict(
@@ -244,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(n, args.tokens, args.heads, args.dim, mode) for n in args.lengths for mode in modes]
     # the distance road with the forward's tables kept for the backward (`triton_backend.KEEP_TABLES`)
     rows += [measure(n, args.tokens, args.heads, args.dim, "distance", keep=True) for n in args.lengths]
+    # and with the backward's fold products by the fold kernel (`triton_backend.FOLD_PRODUCT`)
+    rows += [measure(n, args.tokens, args.heads, args.dim, "distance", fold=True) for n in args.lengths]
     table = _table(rows)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -351,6 +351,44 @@ def compile_product_kernel(
     return result
 
 
+# what the fold kernel's launch (`triton_backend._kernel_fold_product`) passes as multiples of 16 where the GPU
+# benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW and the rows M (B·N), the
+# gradients' strides. DW itself is odd: the loads are 16 bytes wide only where the kernel's arithmetic shows
+# each read's start a multiple of 16 bytes
+FOLD_ALIGNED = {"DIST", "T", "GRAD", "OUT", "DW1", "GROUP", "stride_gg", "stride_gm", "M"}
+
+
+def compile_fold_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
+    """`triton_products._fold_product_kernel` compiled for ``sm_<capability>`` as `compile_product_kernel`
+    compiles the product kernel, the launch's multiples of 16 told (`FOLD_ALIGNED`). ``ops["LDG.V4"]`` counts
+    the PTX's 16-byte reads (``ld.global.v4`` and, in the pipelined loop, ``cp.async`` of 16 bytes) and
+    ``ops["LDG.ELEM"]`` its loads of one 16-bit element (``ld.global.b16``): the buffer's whole blocks are read
+    16 bytes at a time, the last block of each row (masked by column too) element by element."""
+    from triton.compiler import ASTSource
+
+    from debertakit.attention import triton_products
+
+    fn = triton_products._fold_product_kernel
+    constexprs = dict(
+        D=head_dim, PREC=1 if dtype == "fp32" else 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n
+    )
+    pointers = dict(DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype)
+    sig = {
+        name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
+        for name in fn.arg_names
+    }
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in FOLD_ALIGNED}
+    compiled = compile_source(
+        ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), tiles.options, capability
+    )
+    result = inspect_compiled(fn.__name__, compiled)
+    ptx = compiled.asm["ptx"]
+    async16 = re.findall(r"cp\.async\.\w+\.shared\.global .*, 0x10", ptx)
+    result.ops["LDG.V4"] = ptx.count("ld.global.v4") + len(async16)
+    result.ops["LDG.ELEM"] = ptx.count("ld.global.b16")
+    return result
+
+
 def _checked_cubin(name: str, compiled) -> None:
     if not compiled.asm.get("cubin"):
         raise RuntimeError(f"{name}: no cubin")

@@ -1242,6 +1242,9 @@ def _fold_bands(
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
         # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
         target = _per_head_view(grad) if bands == 1 and band == n else None
+        if target is not None and _fold_kernel_serves(per_band):
+            grad = _kernel_fold_product(per_band, rows, grad, scale, dtype)
+            rows = None  # (the sums alone below)
         product, per_cell = _residue_folds(per_band, rows, content, width, target, scale)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
         target = None
@@ -1276,6 +1279,47 @@ def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch
     return out
 
 
+# How the backward's folds add their product into dQ / dK where the gradients lie in one band at an odd row
+# stride (`_by_residues`; v3 at N > 512, the layout of the targets from N = 2048): "cublas", eight matmuls per
+# fold, one per residue class of rows (`_residue_folds`), adding into the float32 gradient in their epilogue,
+# which is converted to the inputs' dtype after; or "triton", one kernel (`triton_products._fold_product_kernel`)
+# that reads the buffer by the same classes, 16 bytes at a time, and writes gradient plus product in the
+# inputs' dtype (the float32 gradient read once, not read and written and then read again to convert). Those
+# eight matmuls per side took 0.354 ms of a 4.871 ms forward+backward at N = 2048 on an H200, the conversions
+# 0.04 (`benchmarks/results/attention_gpu_h200_16dabb5_profile.json`). Not yet timed on a GPU; the
+# benchmark's row "triton (fold kernel)" times it. The per-cell sums stay on cuBLAS either way.
+FOLD_PRODUCT_MODES = ("cublas", "triton")
+FOLD_PRODUCT = "cublas"
+FOLD_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by cells a step; the loop over cells pipelined
+
+
+def _fold_kernel_serves(dist: Tensor) -> bool:
+    """Whether the fold kernel computes the product (`FOLD_PRODUCT`): for 16-bit buffers, the GPU's (float32
+    ones at head dim 128 would spill registers at `FOLD_TILES`: `tests/attention/compile_triton_kernels.py`)."""
+    _check_mode("FOLD_PRODUCT", FOLD_PRODUCT, FOLD_PRODUCT_MODES)
+    return FOLD_PRODUCT == "triton" and dist.dtype in (torch.bfloat16, torch.float16)
+
+
+def _kernel_fold_product(
+    dist: Tensor, rows: Tensor, grad: Tensor, alpha: float, dtype: torch.dtype
+) -> Tensor:
+    """``grad`` (B, H, N, d) float32 plus ``alpha`` times the product of ``dist`` (H, B·N, DW), one band at an
+    odd row stride, with the (H, W, d) table rows its cells stand for, by `triton_products`' fold kernel, as a
+    tensor in ``dtype`` with ``grad``'s strides (``grad`` itself where ``dtype`` is float32). B·N is a multiple
+    of 8 (one band of whole rows, `_padded_rows`), so no read of the kernel's passes the buffer's end."""
+    out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
+    into, out_rows = _per_head_view(grad), _per_head_view(out)
+    groups, m, dw = dist.shape
+    assert m % RESIDUES == 0 and _by_residues(dw) and into.stride() == out_rows.stride(), (m, dw)
+    t = FOLD_TILES
+    grid = (RESIDUES * triton_cdiv(m // RESIDUES, t.block_m), groups)
+    _products()._fold_product_kernel[grid](
+        dist, rows.contiguous(), into, out_rows, alpha, dw - 1, m * dw, into.stride(0), into.stride(1), m,
+        rows.shape[1], D=rows.shape[2], PREC=_precision(dist), **_launch(t),
+    )  # fmt: skip
+    return out
+
+
 def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
     """Rows s, s + 8, … of each (G, M, DW) block of ``dist``, a gradient buffer at an odd row stride DW ≡ 1
     (mod 16), read from ``s`` cells before each row's first: (G, M / 8, width + 7), column c holding the row's
@@ -1293,30 +1337,37 @@ def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
 
 
 def _residue_folds(
-    dist: Tensor, rows: Tensor, content: Tensor, width: int, into: Tensor | None = None, alpha: float = 1.0
-) -> tuple[Tensor, Tensor]:
+    dist: Tensor,
+    rows: Tensor | None,
+    content: Tensor,
+    width: int,
+    into: Tensor | None = None,
+    alpha: float = 1.0,
+) -> tuple[Tensor | None, Tensor]:
     """The two folds of `_fold_bands` for a buffer at an odd row stride, (G, M, DW) against the (G, width, d)
     table rows its cells stand for and the (G, M, d) content rows, one residue class of rows at a time
     (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32; with ``into`` (G, M,
     d) float32 the product times ``alpha`` is added into it instead (in the matmuls' epilogue; ``alpha``
-    scales only such a product). Class s's column c
+    scales only such a product); without ``rows`` (None) the sums alone (`FOLD_PRODUCT` "triton" computes
+    the product). Class s's column c
     is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
     s (a view). Its per-cell sums are written apart, class beside class, and cell x sums row x + s of each
     class s (one strided reduction): accumulating the classes into one float32 output would read and write it
     eight times."""
     groups, m, d = content.shape
     pad = RESIDUES - 1
-    padded = torch.nn.functional.pad(rows, (0, 0, pad, pad))  # (G, width + 14, d)
-    if into is None:  # (each class writes its rows once)
-        into, alpha, beta = content.new_empty((groups, m, d), dtype=torch.float32), 1.0, 0.0
-    else:
-        beta = 1.0
+    if rows is not None:
+        padded = torch.nn.functional.pad(rows, (0, 0, pad, pad))  # (G, width + 14, d)
+        if into is None:  # (each class writes its rows once)
+            into, alpha, beta = content.new_empty((groups, m, d), dtype=torch.float32), 1.0, 0.0
+        else:
+            beta = 1.0
     per_class = content.new_empty((groups, width + pad, RESIDUES, d), dtype=torch.float32)
     for s in range(RESIDUES):
         view = _residue_rows(dist, width, s)  # (G, M / 8, width + 7)
-        _add_matmul_f32(
-            into[:, s::RESIDUES], view, padded[:, pad - s : pad - s + width + pad], alpha, beta=beta
-        )
+        if rows is not None:
+            table_rows = padded[:, pad - s : pad - s + width + pad]
+            _add_matmul_f32(into[:, s::RESIDUES], view, table_rows, alpha, beta=beta)
         _add_matmul_f32(per_class[:, :, s], view.transpose(-1, -2), content[:, s::RESIDUES], 1.0, beta=0.0)
     # [g, x, s]: class s's row x + s, whose sums are cell x's
     g, c = per_class.stride(0), per_class.stride(1)

@@ -238,3 +238,66 @@ def _table_rows(T, CELLS, cells_in, stride_tr, d):
     for the others."""
     rows = tl.load(CELLS, mask=cells_in, other=0)
     return tl.load(T + rows[:, None] * stride_tr + d[None, :], mask=cells_in[:, None], other=0.0)
+
+
+# ------------------------------------------------------------------------------------------- the fold's product
+@triton.jit
+def _fold_product_kernel(
+    DIST,  # (G, M, DW) a gradient buffer at an odd row stride DW ≡ 1 (mod 16): row m's cell c at m·DW + c
+    T,  # (G, W, D) contiguous: the position-table row each of a row's W cells stands for
+    GRAD,  # (G, M, D) float32 through strides: dQ or dK per head, D contiguous
+    OUT,  # (G, M, D) through the same strides: GRAD + alpha · DIST @ T, in the inputs' dtype (may be GRAD)
+    alpha,
+    DW1,  # DW - 1, a multiple of 16
+    GROUP,  # M·DW: one group's buffer
+    stride_gg,
+    stride_gm,
+    M,
+    W,
+    D: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program: BLOCK_M rows of one residue s modulo 8 (rows s + 8·i) of group g, their product with the
+    table rows over all W cells, added to GRAD and stored to OUT. A row s + 8·i is read from s cells before its
+    first, at s·(DW - 1) + 8·i·DW: a multiple of 8 elements (16 bytes in bfloat16) that Triton can see, as
+    `triton_backend._residue_rows` gives cuBLAS. Column c of that read is the row's cell c - s; the table rows
+    meet it through that shift, zeros outside 0 … W - 1 (the cells there are the rows beside it, or past the
+    row's own). The column blocks run to W + 7 (no cell past the buffer: the last row, residue 7 where M is a
+    multiple of 8, ends at its cell W - 1); the whole blocks load under the row mask alone, 16 bytes at a time,
+    the last one masked by column too."""
+    pid = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    s = pid % 8
+    i = (pid // 8) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = s + 8 * i
+    row_ok = rows < M
+    dw = DW1 + 1
+    base = (
+        DIST + g * GROUP + s * DW1 + (8 * i).to(tl.int64)[:, None] * dw
+    )  # (BLOCK_M, 1): column 0 of the read
+    dims = tl.arange(0, D)
+    tab = T + g * W * D + dims[None, :]
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    wide = W + 7  # columns read per row
+    whole = wide // BLOCK_N * BLOCK_N
+    for c0 in range(0, whole, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        x = tl.load(base + cols[None, :], mask=row_ok[:, None], other=0.0)
+        acc = _fold_step(x, tab, cols - s, W, D, acc, PREC)
+    if whole < wide:
+        cols = whole + tl.arange(0, BLOCK_N)
+        x = tl.load(base + cols[None, :], mask=row_ok[:, None] & (cols < wide)[None, :], other=0.0)
+        acc = _fold_step(x, tab, cols - s, W, D, acc, PREC)
+    at = g * stride_gg + rows.to(tl.int64)[:, None] * stride_gm + dims[None, :]
+    grad = tl.load(GRAD + at, mask=row_ok[:, None], other=0.0)
+    tl.store(OUT + at, (grad + alpha * acc).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _fold_step(x, tab, cells, W, D: tl.constexpr, acc, PREC: tl.constexpr):
+    """acc + x @ (the table rows of ``cells``, zero rows for cells outside 0 … W - 1)."""
+    ok = (cells >= 0) & (cells < W)
+    t = tl.load(tab + cells[:, None] * D, mask=ok[:, None], other=0.0)
+    return _mm_add(x, t, acc, PREC)

@@ -38,11 +38,13 @@ from debertakit.attention import triton_kernels as K  # noqa: E402
 from debertakit.attention.triton_aot import (  # noqa: E402
     FLAGS,
     MMA_OPS,
+    compile_fold_kernel,
     compile_kernel,
     compile_product_kernel,
 )
 from debertakit.attention.triton_backend import (  # noqa: E402
     BACKWARD,
+    FOLD_TILES,
     FORWARD,
     GPU_TIMED,
     KERNEL_NAMES,
@@ -206,6 +208,17 @@ def main(argv: list[str] | None = None) -> int:
             element_stores.append(f"{name}: {c.ops}")
         if tma and not c.ops["TMA"]:  # the inner tiles' tensor-memory stores
             no_tma.append(f"{name}: {c.ops}")
+    # the backward's fold product (`triton_backend.FOLD_PRODUCT` "triton": 16-bit buffers) at its tiles
+    folds_unfit = []
+    for dtype, head_dim in itertools.product(("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128)):
+        c = compile_fold_kernel(dtype, head_dim, FOLD_TILES)
+        n += 1
+        name = f"_fold_product_kernel {dtype} d{head_dim} {FOLD_TILES}"
+        print(f"{name}: {c}")
+        # no spills, tensor-core products, one loop over the cells, the whole blocks read 16 bytes at a time
+        fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == 1
+        if not (fit and c.ops["LDG.V4"]):
+            folds_unfit.append(f"{name}: {c}")
     premise = [] if args.all else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
@@ -222,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         ("distance-table products storing elements where the rows' ends wrap", element_stores),
         ("distance-table products with TMA stores asked for and none compiled", no_tma),
         ("distance-table products of a row or column loop without one loop", no_loop),
+        ("fold products spilling, without tensor cores, one loop or 16-byte reads", folds_unfit),
     )
     for title, problems in checks:
         if problems:

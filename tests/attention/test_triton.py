@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import os
 import random
+import re
 import sys
 import zlib
 from collections import Counter
@@ -2224,6 +2225,26 @@ def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
 
 
 @pytest.mark.gpu
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch):
+    """`FOLD_PRODUCT` "triton" at v3's N = 2048 (batch·N = 4096, 12 heads, d 64, bfloat16: one band, far
+    tiles): the fold kernel launched once a side, reading the buffers 16 bytes at a time as this launch compiled
+    it (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call within the grid's bfloat16 tolerance of
+    float32 eager, as the matmul folds are."""
+    c = Case(n=2048, batch=2, heads=12, dim=64, rel=V3)
+    inputs = _inputs(c, torch.bfloat16, "cuda")
+    want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
+    monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
+    compiled = _record_compiled(monkeypatch)  # the product kernel's launches (two) and the fold kernel's
+    out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
+    folds = [k.asm["ptx"] for k in compiled if "_fold_product_kernel" in k.asm["ptx"]]
+    assert len(folds) == 2, len(compiled)
+    assert all("ld.global.v4" in p or re.search(r"cp\.async\.\w+\.shared\.global .*, 0x10", p) for p in folds)
+    ref = _run(eager_attention, c, _reference_inputs(inputs, "cuda"), _geometry(c, "cuda"), _grad_out(out))
+    _assert_close(c, inputs, torch.bfloat16, (out, *got), (ref[0], *ref[1]))
+    _assert_close(c, inputs, torch.bfloat16, (want_out, *want), (ref[0], *ref[1]))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [512, 2048])
 def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
     """The product kernel's variants at v3's size (as above, bfloat16), `PRODUCT_STORES` × `PRODUCT_PROGRAMS`
@@ -2969,6 +2990,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
         "triton (tables kept)",
+        "triton (fold kernel)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -3086,7 +3108,8 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     bench.main(["--lengths", "64", "--tokens", "128", "--heads", "2", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
     kept = "distance, tables kept"  # the forward's tables kept for the backward (`KEEP_TABLES`)
-    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew", kept}
+    fold = "distance, fold kernel"  # the folds' products by the fold kernel (`FOLD_PRODUCT`)
+    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew", kept, fold}
     for r in rows:
         for phase in ("forward", "backward"):
             assert r[phase]["fp32_flops"] == 0, (r["near_band"], phase)
@@ -3099,6 +3122,13 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     launched = {r["near_band"]: sum(r["backward"]["launches"].values()) for r in rows}
     assert moved[kept, "forward"] == moved["distance", "forward"] and launched[kept] < launched["distance"]
     assert moved[kept, "backward"] < moved["distance", "backward"]
+    # the fold kernel: the forward as before; the backward without the eight product matmuls a fold, without
+    # the pads of the table rows they read, and without converting dQ / dK (the kernel writes them)
+    assert moved[fold, "forward"] == moved["distance", "forward"]
+    assert moved[fold, "backward"] < moved["distance", "backward"]
+    launches = {r["near_band"]: r["backward"]["launches"] for r in rows}
+    assert launches[fold]["baddbmm"] == launches["distance"]["baddbmm"] - 16
+    assert "constant_pad_nd" not in launches[fold] and launches[fold]["_to_copy"] == 2
     held = {r["near_band"]: r["kept_bytes"] for r in rows}
     assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
 
@@ -3306,6 +3336,58 @@ def test_adding_the_bands_rounds_the_float32_sum_once():
     assert torch.equal(got, want.to(torch.bfloat16))
     same = triton_backend._add_bands(grad, product, N, scale, torch.float32)
     assert same is grad and torch.equal(grad, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype):
+    """`triton_products._fold_product_kernel` (`FOLD_PRODUCT` "triton"): a gradient buffer at an odd row stride
+    (DW = 97 ≡ 1 mod 16), read by residue classes of rows from 16-byte aligned starts, times the table rows its
+    cells stand for, added to the float32 gradient in the projections' layout and written in ``dtype``: the
+    matmul's sum. Every cell random, so a class read one cell off meets the wrong table row; 70 rows a class
+    (two row blocks, the second partial) and 104 columns a row (a whole block and a masked one)."""
+    B, N, H, d, W = 2, 280, 2, 16, 97
+    g = torch.Generator().manual_seed(0)
+    dist = torch.randn(H, B * N, W, generator=g).to(dtype)
+    rows = torch.randn(H, W, d, generator=g).to(dtype)
+    grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d), per head a view
+    want = grad.clone()
+    triton_backend._per_head_view(want).add_(torch.bmm(dist.float(), rows.float()), alpha=0.7)
+    got = triton_backend._kernel_fold_product(dist, rows, grad, 0.7, dtype)
+    assert got.dtype == dtype and got.stride() == grad.stride()
+    if dtype == torch.float32:
+        assert got is grad  # added in place
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # the float32 sum rounded once: at most a bfloat16 step from the matmul's, rounded
+        torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(n=64),
+        Case(n=64, batch=2, key_lengths=(64, 30)),
+        Case(n=48, heads=2, terms=PositionTerms(c2p=True, p2c=False)),
+        Case(n=48, terms=PositionTerms(c2p=False, p2c=True)),
+    ],
+    ids=["n64", "n64_padding", "n48_c2p_heads2", "n48_p2c"],
+)
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, case):
+    """`FOLD_PRODUCT` "triton" on the distance road with one band of whole rows (N a multiple of 16, beyond the
+    saturation: the layout of v3 at N >= 1024): the kernel computes each side's fold product (one launch per
+    table), and the call's output and gradients are those of the cuBLAS folds in bfloat16, each gradient
+    within a bfloat16 step (their float32 sums differ in order only). Float32 inputs keep the matmuls."""
+    inputs = _inputs(case, torch.bfloat16, DEVICE)
+    want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
+    launched = _count_calls(monkeypatch, "_kernel_fold_product")
+    monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
+    out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
+    assert launched["_kernel_fold_product"] == case.terms.c2p + case.terms.p2c
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)  # the forward does not fold
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6)
+    launched.clear()
+    _run(triton_attention, case, _inputs(case, torch.float32, DEVICE), _geometry(case, DEVICE))
+    assert not launched["_kernel_fold_product"]
 
 
 def _folded_buffers(monkeypatch) -> list:
