@@ -32,8 +32,7 @@ Sections (all bfloat16 on one CUDA device):
    ``triton (product edges masked)`` with each row's first and last block stored element by element
    (`triton_backend.PRODUCT_EDGES` "masked"), ``triton (tables kept)`` with the forward's distance tables kept
    for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold kernel)`` with
-   the backward's fold products by `triton_products`' fold kernel where the gradients lie in one band
-   (`triton_backend.FOLD_PRODUCT` "triton"; N > 512 here).
+   the backward's fold products by `triton_products`' fold kernel (`triton_backend.FOLD_PRODUCT` "triton").
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -506,8 +505,8 @@ CELL_STORES_ROW = "triton (gradient stores by cell)"
 # otherwise builds them again: its peak memory beside its time
 KEPT_TABLES_ROW = "triton (tables kept)"
 # `triton` with the backward's fold products computed by `triton_products`' fold kernel
-# (`triton_backend.FOLD_PRODUCT` "triton"), which writes dQ / dK in the inputs' dtype, where the gradients lie in
-# one band (N > 512 here); at N <= 512 (bands) the same kernels as `triton`
+# (`triton_backend.FOLD_PRODUCT` "triton"), which writes dQ / dK in the inputs' dtype, against eight cuBLAS
+# matmuls a side and a conversion
 FOLD_KERNEL_ROW = "triton (fold kernel)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host

@@ -352,10 +352,23 @@ def compile_product_kernel(
 
 
 # what the fold kernel's launch (`triton_backend._kernel_fold_product`) passes as multiples of 16 where the GPU
-# benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW and the rows M (B·N), the
-# gradients' strides. DW itself is odd: the loads are 16 bytes wide only where the kernel's arithmetic shows
-# each read's start a multiple of 16 bytes
-FOLD_ALIGNED = {"DIST", "T", "GRAD", "OUT", "DW1", "GROUP", "stride_gg", "stride_gm", "M"}
+# benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW, the rows per band and batch row LB
+# and per group M, the tokens N, the gradients' strides. DW itself is odd: the loads are 16 bytes wide only
+# where the kernel's arithmetic shows each read's start a multiple of 16 bytes
+FOLD_ALIGNED = {
+    "DIST",
+    "T",
+    "GRAD",
+    "OUT",
+    "DW1",
+    "GROUP",
+    "stride_gb",
+    "stride_gh",
+    "stride_gn",
+    "N",
+    "LB",
+    "M",
+}
 
 
 def compile_fold_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:

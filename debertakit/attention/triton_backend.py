@@ -1238,20 +1238,21 @@ def _fold_bands(
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
     content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
-    if _by_residues(dist.shape[-1]):
+    if _by_residues(dist.shape[-1]) and _fold_kernel_serves(per_band):
+        # the product by the fold kernel, which writes grad + product in dtype; the sums by cuBLAS
+        grad = _kernel_fold_product(per_band, rows, grad, n, band, scale, dtype)
+        _, per_cell = _residue_folds(per_band, None, content, width)
+    elif _by_residues(dist.shape[-1]):
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
         # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
         target = _per_head_view(grad) if bands == 1 and band == n else None
-        if target is not None and _fold_kernel_serves(per_band):
-            grad = _kernel_fold_product(per_band, rows, grad, scale, dtype)
-            rows = None  # (the sums alone below)
         product, per_cell = _residue_folds(per_band, rows, content, width, target, scale)
+        if target is None:  # the product, read in grad's order and added
+            grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
-        target = None
         per_band = per_band[..., :width]
         product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
         per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
-    if target is None:  # the product, read in grad's order and added (in place above otherwise)
         grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
     return grad, _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
 
@@ -1279,14 +1280,14 @@ def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch
     return out
 
 
-# How the backward's folds add their product into dQ / dK where the gradients lie in one band at an odd row
-# stride (`_by_residues`; v3 at N > 512, the layout of the targets from N = 2048): "cublas", eight matmuls per
-# fold, one per residue class of rows (`_residue_folds`), adding into the float32 gradient in their epilogue,
-# which is converted to the inputs' dtype after; or "triton", one kernel (`triton_products._fold_product_kernel`)
-# that reads the buffer by the same classes, 16 bytes at a time, and writes gradient plus product in the
-# inputs' dtype (the float32 gradient read once, not read and written and then read again to convert). Those
-# eight matmuls per side took 0.354 ms of a 4.871 ms forward+backward at N = 2048 on an H200, the conversions
-# 0.04 (`benchmarks/results/attention_gpu_h200_16dabb5_profile.json`). Not yet timed on a GPU; the
+# How the backward's folds add their product into dQ / dK where the gradients lie at an odd row stride in the
+# tables' layout (`_by_residues`: `GRADIENT_STORES` "aligned", in bands at v3's N <= 512 and in one band above):
+# "cublas", eight matmuls per fold, one per residue class of rows (`_residue_folds`), into the float32 gradient
+# (in their epilogue where it is one band of whole rows, else added by `_add_bands`), which is converted to the
+# inputs' dtype; or "triton", one kernel (`triton_products._fold_product_kernel`) that reads the buffer by the
+# same classes, 16 bytes at a time, and writes gradient plus product in the inputs' dtype, the padding rows
+# left out. At N = 2048 on an H200 the matmuls took 0.354 ms of a 4.986 ms forward+backward and the conversions
+# 0.040 (`benchmarks/results/attention_gpu_h200_16dabb5_profile.json`). Not yet timed on a GPU; the
 # benchmark's row "triton (fold kernel)" times it. The per-cell sums stay on cuBLAS either way.
 FOLD_PRODUCT_MODES = ("cublas", "triton")
 FOLD_PRODUCT = "cublas"
@@ -1301,21 +1302,22 @@ def _fold_kernel_serves(dist: Tensor) -> bool:
 
 
 def _kernel_fold_product(
-    dist: Tensor, rows: Tensor, grad: Tensor, alpha: float, dtype: torch.dtype
+    dist: Tensor, rows: Tensor, grad: Tensor, n: int, band: int, alpha: float, dtype: torch.dtype
 ) -> Tensor:
-    """``grad`` (B, H, N, d) float32 plus ``alpha`` times the product of ``dist`` (H, B·N, DW), one band at an
-    odd row stride, with the (H, W, d) table rows its cells stand for, by `triton_products`' fold kernel, as a
-    tensor in ``dtype`` with ``grad``'s strides (``grad`` itself where ``dtype`` is float32). B·N is a multiple
-    of 8 (one band of whole rows, `_padded_rows`), so no read of the kernel's passes the buffer's end."""
+    """``grad`` (B, H, N, d) float32 plus ``alpha`` times the product of ``dist`` (H·bands, B·band, DW), a
+    gradient buffer at an odd row stride in the tables' layout, with the (H·bands, W, d) table rows its cells
+    stand for, by `triton_products`' fold kernel: a tensor in ``dtype`` with ``grad``'s strides (``grad``
+    itself where ``dtype`` is float32), the padding rows left out. ``band`` (rows per band and batch row, or
+    one band's padded rows) is a multiple of 16, so no read of the kernel's passes the buffer's end."""
     out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
-    into, out_rows = _per_head_view(grad), _per_head_view(out)
+    B, H, N, d = grad.shape
     groups, m, dw = dist.shape
-    assert m % RESIDUES == 0 and _by_residues(dw) and into.stride() == out_rows.stride(), (m, dw)
+    assert band % RESIDUES == 0 and _by_residues(dw) and out.stride() == grad.stride(), (band, dw)
     t = FOLD_TILES
     grid = (RESIDUES * triton_cdiv(m // RESIDUES, t.block_m), groups)
     _products()._fold_product_kernel[grid](
-        dist, rows.contiguous(), into, out_rows, alpha, dw - 1, m * dw, into.stride(0), into.stride(1), m,
-        rows.shape[1], D=rows.shape[2], PREC=_precision(dist), **_launch(t),
+        dist, rows.contiguous(), grad, out, alpha, dw - 1, m * dw, *grad.stride()[:3], n, band, groups // H, m,
+        rows.shape[1], D=d, PREC=_precision(dist), **_launch(t),
     )  # fmt: skip
     return out
 

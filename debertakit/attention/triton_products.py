@@ -245,40 +245,45 @@ def _table_rows(T, CELLS, cells_in, stride_tr, d):
 def _fold_product_kernel(
     DIST,  # (G, M, DW) a gradient buffer at an odd row stride DW ≡ 1 (mod 16): row m's cell c at m·DW + c
     T,  # (G, W, D) contiguous: the position-table row each of a row's W cells stands for
-    GRAD,  # (G, M, D) float32 through strides: dQ or dK per head, D contiguous
-    OUT,  # (G, M, D) through the same strides: GRAD + alpha · DIST @ T, in the inputs' dtype (may be GRAD)
+    GRAD,  # (B, H, N, D) float32 through strides: dQ or dK, D contiguous
+    OUT,  # (B, H, N, D) through the same strides: GRAD + alpha · DIST @ T, in the inputs' dtype (may be GRAD)
     alpha,
     DW1,  # DW - 1, a multiple of 16
     GROUP,  # M·DW: one group's buffer
-    stride_gg,
-    stride_gm,
-    M,
+    stride_gb,
+    stride_gh,
+    stride_gn,
+    N,  # tokens per batch row
+    LB,  # rows per band and batch row, a multiple of 16 (with one band: the padded rows)
+    BANDS,
+    M,  # rows per group, B·LB
     W,
     D: tl.constexpr,
     PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """One program: BLOCK_M rows of one residue s modulo 8 (rows s + 8·i) of group g, their product with the
-    table rows over all W cells, added to GRAD and stored to OUT. A row s + 8·i is read from s cells before its
-    first, at s·(DW - 1) + 8·i·DW: a multiple of 8 elements (16 bytes in bfloat16) that Triton can see, as
-    `triton_backend._residue_rows` gives cuBLAS. Column c of that read is the row's cell c - s; the table rows
-    meet it through that shift, zeros outside 0 … W - 1 (the cells there are the rows beside it, or past the
-    row's own). The column blocks run to W + 7 (no cell past the buffer: the last row, residue 7 where M is a
-    multiple of 8, ends at its cell W - 1); the whole blocks load under the row mask alone, 16 bytes at a time,
-    the last one masked by column too."""
+    """One program: BLOCK_M rows of one residue s modulo 8 (rows s + 8·i) of group g = (head, band), their
+    product with the table rows over all W cells, added to GRAD and stored to OUT. Row m of a group is token
+    band·LB + m mod LB of batch row m // LB (the tables' layout, (H, bands, B, LB, DW)); rows of padding tokens
+    (at or past N) are not stored. A row s + 8·i is read from s cells before its first, at s·(DW - 1) + 8·i·DW:
+    a multiple of 8 elements (16 bytes in bfloat16) that Triton can see, as `triton_backend._residue_rows`
+    gives cuBLAS. Column c of that read is the row's cell c - s; the table rows meet it through that shift,
+    zeros outside 0 … W - 1 (the cells there are the rows beside it, or past the row's own). The column blocks
+    run to W + 7 (no cell past the buffer: its last row, residue 7, M being a multiple of 8, ends at its cell
+    W - 1); the whole blocks load under the row mask alone, 16 bytes at a time, the last one masked by column
+    too."""
     pid = tl.program_id(0)
-    g = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(1)
     s = pid % 8
     i = (pid // 8) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = s + 8 * i
     row_ok = rows < M
     dw = DW1 + 1
-    base = (
-        DIST + g * GROUP + s * DW1 + (8 * i).to(tl.int64)[:, None] * dw
-    )  # (BLOCK_M, 1): column 0 of the read
+    # (BLOCK_M, 1): column 0 of each row's read
+    base = DIST + g.to(tl.int64) * GROUP + s * DW1 + (8 * i).to(tl.int64)[:, None] * dw
     dims = tl.arange(0, D)
-    tab = T + g * W * D + dims[None, :]
+    tab = T + g.to(tl.int64) * W * D + dims[None, :]
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     wide = W + 7  # columns read per row
     whole = wide // BLOCK_N * BLOCK_N
@@ -290,9 +295,18 @@ def _fold_product_kernel(
         cols = whole + tl.arange(0, BLOCK_N)
         x = tl.load(base + cols[None, :], mask=row_ok[:, None] & (cols < wide)[None, :], other=0.0)
         acc = _fold_step(x, tab, cols - s, W, D, acc, PREC)
-    at = g * stride_gg + rows.to(tl.int64)[:, None] * stride_gm + dims[None, :]
-    grad = tl.load(GRAD + at, mask=row_ok[:, None], other=0.0)
-    tl.store(OUT + at, (grad + alpha * acc).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    h, band = g // BANDS, g % BANDS
+    b = rows // LB
+    token = band * LB + rows - b * LB
+    ok = (row_ok & (token < N))[:, None]
+    at = (
+        h.to(tl.int64) * stride_gh
+        + b.to(tl.int64)[:, None] * stride_gb
+        + token[:, None] * stride_gn
+        + dims[None, :]
+    )
+    grad = tl.load(GRAD + at, mask=ok, other=0.0)
+    tl.store(OUT + at, (grad + alpha * acc).to(OUT.dtype.element_ty), mask=ok)
 
 
 @triton.jit

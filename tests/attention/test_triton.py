@@ -2225,12 +2225,13 @@ def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
 
 
 @pytest.mark.gpu
-def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch):
-    """`FOLD_PRODUCT` "triton" at v3's N = 2048 (batch·N = 4096, 12 heads, d 64, bfloat16: one band, far
-    tiles): the fold kernel launched once a side, reading the buffers 16 bytes at a time as this launch compiled
-    it (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call within the grid's bfloat16 tolerance of
-    float32 eager, as the matmul folds are."""
-    c = Case(n=2048, batch=2, heads=12, dim=64, rel=V3)
+@pytest.mark.parametrize("n", [512, 2048])
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n):
+    """`FOLD_PRODUCT` "triton" at v3's N = 512 and 2048 (batch·N = 4096, 12 heads, d 64, bfloat16: 64-row bands,
+    and one band with far tiles): the fold kernel launched once a side, reading the buffers 16 bytes at a time
+    as this launch compiled it (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call within the grid's
+    bfloat16 tolerance of float32 eager, as the matmul folds are."""
+    c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
@@ -3338,21 +3339,27 @@ def test_adding_the_bands_rounds_the_float32_sum_once():
     assert same is grad and torch.equal(grad, want)
 
 
+@pytest.mark.parametrize("bands", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype):
+def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype, bands):
     """`triton_products._fold_product_kernel` (`FOLD_PRODUCT` "triton"): a gradient buffer at an odd row stride
-    (DW = 97 ≡ 1 mod 16), read by residue classes of rows from 16-byte aligned starts, times the table rows its
-    cells stand for, added to the float32 gradient in the projections' layout and written in ``dtype``: the
-    matmul's sum. Every cell random, so a class read one cell off meets the wrong table row; 70 rows a class
-    (two row blocks, the second partial) and 104 columns a row (a whole block and a masked one)."""
-    B, N, H, d, W = 2, 280, 2, 16, 97
+    (DW = 97 ≡ 1 mod 16) in the tables' layout (H, bands, B, band, DW), read by residue classes of rows from
+    16-byte aligned starts, times each band's table rows, added to the float32 gradient in the projections'
+    layout and written in ``dtype``, the padding tokens' rows (past N in the last band) left out: the matmul's
+    sum. Every cell random, so a class read one cell off meets the wrong table row; a whole and a masked column
+    block; in one band 70 rows a class (two row blocks, the second partial)."""
+    B, H, d, W = 2, 2, 16, 97
+    band = 280 if bands == 1 else 32
+    N = band * bands - (0 if bands == 1 else 13)  # bands: the last one 19 tokens and 13 padding rows
     g = torch.Generator().manual_seed(0)
-    dist = torch.randn(H, B * N, W, generator=g).to(dtype)
-    rows = torch.randn(H, W, d, generator=g).to(dtype)
-    grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d), per head a view
+    dist = torch.randn(H * bands, B * band, W, generator=g).to(dtype)
+    rows = torch.randn(H * bands, W, d, generator=g).to(dtype)
+    grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d) over (B, N, H, d) memory
+    product = torch.bmm(dist.float(), rows.float()).view(H, bands, B, band, d)
     want = grad.clone()
-    triton_backend._per_head_view(want).add_(torch.bmm(dist.float(), rows.float()), alpha=0.7)
-    got = triton_backend._kernel_fold_product(dist, rows, grad, 0.7, dtype)
+    for h, b, t in itertools.product(range(H), range(B), range(N)):
+        want[b, h, t] += 0.7 * product[h, t // band, b, t % band]
+    got = triton_backend._kernel_fold_product(dist, rows, grad, N, band, 0.7, dtype)
     assert got.dtype == dtype and got.stride() == grad.stride()
     if dtype == torch.float32:
         assert got is grad  # added in place
@@ -3361,23 +3368,32 @@ def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype):
         torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2**-7, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        Case(n=64),
-        Case(n=64, batch=2, key_lengths=(64, 30)),
-        Case(n=48, heads=2, terms=PositionTerms(c2p=True, p2c=False)),
-        Case(n=48, terms=PositionTerms(c2p=False, p2c=True)),
-    ],
-    ids=["n64", "n64_padding", "n48_c2p_heads2", "n48_p2c"],
-)
-def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, case):
-    """`FOLD_PRODUCT` "triton" on the distance road with one band of whole rows (N a multiple of 16, beyond the
-    saturation: the layout of v3 at N >= 1024): the kernel computes each side's fold product (one launch per
-    table), and the call's output and gradients are those of the cuBLAS folds in bfloat16, each gradient
-    within a bfloat16 step (their float32 sums differ in order only). Float32 inputs keep the matmuls."""
+FOLD_CASES = {
+    # one band (beyond the saturation, 16): whole rows, padded rows, one side's table
+    "n64": Case(n=64),
+    "n70_padding": Case(n=70, batch=2, key_lengths=(70, 30)),
+    "n48_c2p_heads2": Case(n=48, heads=2, terms=PositionTerms(c2p=True, p2c=False)),
+    "n40_p2c": Case(n=40, terms=PositionTerms(c2p=False, p2c=True)),
+    # 16-row bands (no pair saturates)
+    "banded_wide_n64": BANDED_GRID["wide_n64"],
+    "banded_wide_padding": BANDED_GRID["wide_padding"],
+    "banded_wide_c2p_only": BANDED_GRID["wide_c2p_only"],
+    "banded_wide_p2c_only": BANDED_GRID["wide_p2c_only"],
+}
+
+
+@pytest.mark.parametrize("name", FOLD_CASES)
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name):
+    """`FOLD_PRODUCT` "triton" on the distance road with "aligned" gradient stores, in one band (N beyond the
+    saturation: v3 from N = 1024) and in 16-row bands (as v3 at N <= 512 has 64-row ones), whole rows or
+    padded: the kernel computes each side's fold product (one launch per table), and the call's output and
+    gradients are those of the cuBLAS folds in bfloat16, each gradient within a bfloat16 step (their float32
+    sums differ in order only). Float32 inputs keep the matmuls."""
+    case = FOLD_CASES[name]
+    bands = _distance_bands(monkeypatch, 16)
     inputs = _inputs(case, torch.bfloat16, DEVICE)
     want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
+    assert all(bands) == name.startswith("banded")
     launched = _count_calls(monkeypatch, "_kernel_fold_product")
     monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
     out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
