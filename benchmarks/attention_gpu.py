@@ -1395,9 +1395,9 @@ def print_table(rows: list[dict]) -> None:
             f"{'|Δ| vs ref':>13s}"
         )
         print(
-            "(per call, waiting for each; queued: calls back to back, fwd / fwd+bwd; |Δ| vs ref: against triton's"
+            "(per call: do_bench, the L2 cache emptied before each; queued: calls back to back, fwd / fwd+bwd;"
         )
-        print(" output, the no-position-terms row against sdpa's)")
+        print(" |Δ| vs ref: against triton's output, the no-position-terms row against sdpa's)")
         for r in att:
             fwd = r.get("fwd_tflops", r.get("fwd_error", "")[:8])
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])

@@ -1232,15 +1232,16 @@ def _fold_bands(
     into ``grad``'s order: `_add_bands`, which writes the sum in ``dtype``; with one band of unpadded rows in
     ``grad``'s per-head view, `_per_head_view`, the products add into it in their epilogue), and against the
     ``content`` rows (H, B·N, d) copied band-major, folded into the table's rows through the cells. Returns
-    ``grad`` with the product added (in ``dtype`` where `_add_bands` wrote it, else ``grad`` itself) and the
-    table's gradient (H, R, d), float32."""
+    ``grad`` with the product added (in ``dtype`` where `_add_bands` or the fold kernel wrote it, else ``grad``
+    itself) and the table's gradient (H, R, d), float32. With `FOLD_PRODUCT` "triton" the product of a buffer
+    at an odd row stride is the fold kernel's (`_kernel_fold_product`), the sums cuBLAS's as before."""
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
     content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
     if _by_residues(dist.shape[-1]) and _fold_kernel_serves(per_band):
         # the product by the fold kernel, which writes grad + product in dtype; the sums by cuBLAS
-        grad = _kernel_fold_product(per_band, rows, grad, n, band, scale, dtype)
+        grad = _kernel_fold_product(per_band, rows, grad, band, scale, dtype)
         _, per_cell = _residue_folds(per_band, None, content, width)
     elif _by_residues(dist.shape[-1]):
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
@@ -1302,7 +1303,7 @@ def _fold_kernel_serves(dist: Tensor) -> bool:
 
 
 def _kernel_fold_product(
-    dist: Tensor, rows: Tensor, grad: Tensor, n: int, band: int, alpha: float, dtype: torch.dtype
+    dist: Tensor, rows: Tensor, grad: Tensor, band: int, alpha: float, dtype: torch.dtype
 ) -> Tensor:
     """``grad`` (B, H, N, d) float32 plus ``alpha`` times the product of ``dist`` (H·bands, B·band, DW), a
     gradient buffer at an odd row stride in the tables' layout, with the (H·bands, W, d) table rows its cells
@@ -1310,7 +1311,7 @@ def _kernel_fold_product(
     itself where ``dtype`` is float32), the padding rows left out. ``band`` (rows per band and batch row, or
     one band's padded rows) is a multiple of 16, so no read of the kernel's passes the buffer's end."""
     out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
-    B, H, N, d = grad.shape
+    _, H, n, d = grad.shape
     groups, m, dw = dist.shape
     assert band % RESIDUES == 0 and _by_residues(dw) and out.stride() == grad.stride(), (band, dw)
     t = FOLD_TILES

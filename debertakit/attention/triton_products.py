@@ -302,7 +302,7 @@ def _fold_product_kernel(
     at = (
         h.to(tl.int64) * stride_gh
         + b.to(tl.int64)[:, None] * stride_gb
-        + token[:, None] * stride_gn
+        + token.to(tl.int64)[:, None] * stride_gn
         + dims[None, :]
     )
     grad = tl.load(GRAD + at, mask=ok, other=0.0)

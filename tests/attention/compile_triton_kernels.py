@@ -9,7 +9,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # for register spills and (at distance
                                                               # i - j) for loads left inside branches and
                                                               # for one loop over tiles per run, and for
-                                                              # products the warps compute twice
+                                                              # products the warps compute twice;
+                                                              # the fold kernel (bf16, every head dim)
                                                               # (and that Triton compiles no tensor-core
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)

@@ -3359,7 +3359,7 @@ def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype, ban
     want = grad.clone()
     for h, b, t in itertools.product(range(H), range(B), range(N)):
         want[b, h, t] += 0.7 * product[h, t // band, b, t % band]
-    got = triton_backend._kernel_fold_product(dist, rows, grad, N, band, 0.7, dtype)
+    got = triton_backend._kernel_fold_product(dist, rows, grad, band, 0.7, dtype)
     assert got.dtype == dtype and got.stride() == grad.stride()
     if dtype == torch.float32:
         assert got is grad  # added in place
