@@ -32,7 +32,8 @@ Sections (all bfloat16 on one CUDA device):
    ``triton (product edges masked)`` with each row's first and last block stored element by element
    (`triton_backend.PRODUCT_EDGES` "masked"), ``triton (tables kept)`` with the forward's distance tables kept
    for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold kernel)`` with
-   the backward's fold products by `triton_products`' fold kernel (`triton_backend.FOLD_PRODUCT` "triton").
+   the backward's fold products by `triton_products`' fold kernel (`triton_backend.FOLD_PRODUCT` "triton"),
+   ``triton (fold kernels)`` with its per-cell sums by the sums kernel too (`FOLD_SUMS` "triton").
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -405,6 +406,7 @@ def _attention_rows(
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
             FOLD_KERNEL_ROW: dict(FOLD_PRODUCT="triton"),
+            FOLD_KERNELS_ROW: dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
@@ -508,6 +510,9 @@ KEPT_TABLES_ROW = "triton (tables kept)"
 # (`triton_backend.FOLD_PRODUCT` "triton"), which writes dQ / dK in the inputs' dtype, against eight cuBLAS
 # matmuls a side and a conversion
 FOLD_KERNEL_ROW = "triton (fold kernel)"
+# and with the folds' per-cell sums by `triton_products`' sums kernel too (`triton_backend.FOLD_SUMS` "triton"),
+# against eight cuBLAS matmuls a side
+FOLD_KERNELS_ROW = "triton (fold kernels)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -537,6 +542,7 @@ def attention_row_names() -> list[str]:
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
         FOLD_KERNEL_ROW,
+        FOLD_KERNELS_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -762,6 +768,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,
             FOLD_KERNEL_ROW,
+            FOLD_KERNELS_ROW,
             PLAIN_ROW,
         )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)

@@ -98,7 +98,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   N = 512), stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in
 #   bands and from 2048 in one band), the forward's tables kept for the backward
 #   (`attention_gpu.KEPT_TABLES_ROW`: what building them again costs, and in memory what keeping them does),
-#   the fold products by a kernel of ours (`attention_gpu.FOLD_KERNEL_ROW`: what it saves against cuBLAS);
+#   the fold products by a kernel of ours (`attention_gpu.FOLD_KERNEL_ROW`: what it saves against cuBLAS), and
+#   the folds' sums too (`attention_gpu.FOLD_KERNELS_ROW`);
 # - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call),
 #   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call);
 # and the other roads. The product kernel's other variants are left to the profile step.
@@ -110,6 +111,7 @@ ROADS = [
     "triton (gradient stores by cell)",
     "triton (tables kept)",
     "triton (fold kernel)",
+    "triton (fold kernels)",
     "triton (through the custom op)",
     "triton (geometry shared)",
     "triton tables",

@@ -161,8 +161,9 @@ def measure(
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
     (`triton_backend.KEEP_TABLES`), and ``kept_bytes`` is what they hold from the forward to the backward; with
-    ``fold`` the fold kernel computes the folds' products where it serves (`triton_backend.FOLD_PRODUCT`
-    "triton": a kernel of ours, not counted, as the attention kernels are not)."""
+    ``fold`` the fold kernels compute the folds' products and sums where they serve
+    (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": kernels of ours, not counted, as the attention
+    kernels are not)."""
     batch = tokens // n
     rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
@@ -194,8 +195,9 @@ def measure(
     patches = dict(
         _attention=fwd,
         _kernels=_NoLaunch,
-        _products=_NoLaunch,  # (the fold kernel's; the tables' products are cuBLAS's here, counted)
+        _products=_NoLaunch,  # (the fold kernels'; the tables' products are cuBLAS's here, counted)
         FOLD_PRODUCT="triton" if fold else "cublas",
+        FOLD_SUMS="triton" if fold else "cublas",
         NEAR_BAND=near_band,
         DISTANCE_PRODUCT="cublas",
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
@@ -209,7 +211,7 @@ def measure(
     row = dict(
         n=n,
         batch=batch,
-        near_band=near_band + (", tables kept" if keep else "") + (", fold kernel" if fold else ""),
+        near_band=near_band + (", tables kept" if keep else "") + (", fold kernels" if fold else ""),
     )
     row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(n, args.tokens, args.heads, args.dim, mode) for n in args.lengths for mode in modes]
     # the distance road with the forward's tables kept for the backward (`triton_backend.KEEP_TABLES`)
     rows += [measure(n, args.tokens, args.heads, args.dim, "distance", keep=True) for n in args.lengths]
-    # and with the backward's fold products by the fold kernel (`triton_backend.FOLD_PRODUCT`)
+    # and with the backward's fold products and sums by the fold kernels (`triton_backend.FOLD_PRODUCT`,
+    # `FOLD_SUMS`)
     rows += [measure(n, args.tokens, args.heads, args.dim, "distance", fold=True) for n in args.lengths]
     table = _table(rows)
     print(table)

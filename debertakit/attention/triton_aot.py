@@ -351,41 +351,51 @@ def compile_product_kernel(
     return result
 
 
-# what the fold kernel's launch (`triton_backend._kernel_fold_product`) passes as multiples of 16 where the GPU
-# benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW, the rows per band and batch row LB
-# and per group M, the tokens N, the gradients' strides. DW itself is odd: the loads are 16 bytes wide only
-# where the kernel's arithmetic shows each read's start a multiple of 16 bytes
+# what the fold kernels' launches (`triton_backend._kernel_fold_product`, `_kernel_fold_sums`) pass as
+# multiples of 16 where the GPU benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW, the
+# rows per band and batch row LB and per group M, the tokens N, the gradients' and the content's strides. DW
+# itself is odd: the loads are 16 bytes wide only where the kernel's arithmetic shows each read's start a
+# multiple of 16 bytes
 FOLD_ALIGNED = {
     "DIST",
     "T",
     "GRAD",
     "OUT",
+    "CONTENT",
+    "PER_CLASS",
     "DW1",
     "GROUP",
     "stride_gb",
     "stride_gh",
     "stride_gn",
+    "stride_cg",
+    "stride_cm",
     "N",
     "LB",
     "M",
 }
 
 
-def compile_fold_kernel(dtype: str, head_dim: int, tiles: Tiles, capability: int = 90) -> Compiled:
-    """`triton_products._fold_product_kernel` compiled for ``sm_<capability>`` as `compile_product_kernel`
-    compiles the product kernel, the launch's multiples of 16 told (`FOLD_ALIGNED`). ``ops["LDG.V4"]`` counts
-    the PTX's 16-byte reads (``ld.global.v4`` and, in the pipelined loop, ``cp.async`` of 16 bytes) and
-    ``ops["LDG.ELEM"]`` its loads of one 16-bit element (``ld.global.b16``): the buffer's whole blocks are read
-    16 bytes at a time, the last block of each row (masked by column too) element by element."""
+def compile_fold_kernel(
+    dtype: str, head_dim: int, tiles: Tiles, capability: int = 90, sums: bool = False
+) -> Compiled:
+    """`triton_products._fold_product_kernel` (with ``sums``: `_fold_sums_kernel`) compiled for
+    ``sm_<capability>`` as `compile_product_kernel` compiles the product kernel, the launch's multiples of 16
+    told (`FOLD_ALIGNED`). ``ops["LDG.V4"]`` counts the PTX's 16-byte reads (``ld.global.v4`` and, in the
+    pipelined loop, ``cp.async`` of 16 bytes) and ``ops["LDG.ELEM"]`` its loads of one 16-bit element
+    (``ld.global.b16``): the buffer's whole blocks are read 16 bytes at a time, the last block of each row
+    (masked by column too) element by element."""
     from triton.compiler import ASTSource
 
     from debertakit.attention import triton_products
 
-    fn = triton_products._fold_product_kernel
+    fn = triton_products._fold_sums_kernel if sums else triton_products._fold_product_kernel
     constexprs = dict(
         D=head_dim, PREC=1 if dtype == "fp32" else 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n
     )
-    pointers = dict(DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype)
+    pointers = dict(
+        DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype, CONTENT="*" + dtype, PER_CLASS="*fp32"
+    )
     sig = {
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names

@@ -1233,22 +1233,27 @@ def _fold_bands(
     ``grad``'s per-head view, `_per_head_view`, the products add into it in their epilogue), and against the
     ``content`` rows (H, B·N, d) copied band-major, folded into the table's rows through the cells. Returns
     ``grad`` with the product added (in ``dtype`` where `_add_bands` or the fold kernel wrote it, else ``grad``
-    itself) and the table's gradient (H, R, d), float32. With `FOLD_PRODUCT` "triton" the product of a buffer
-    at an odd row stride is the fold kernel's (`_kernel_fold_product`), the sums cuBLAS's as before."""
+    itself) and the table's gradient (H, R, d), float32. With `FOLD_PRODUCT` or `FOLD_SUMS` "triton" the
+    product or the sums of a buffer at an odd row stride are the fold kernels' (`_kernel_fold_product`,
+    `_kernel_fold_sums`), the other fold cuBLAS's as before."""
     H, d = table.shape[0], table.shape[2]
     bands, width = cells.shape
     per_band = dist.view(H * bands, batch * band, dist.shape[-1])
     content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
-    if _by_residues(dist.shape[-1]) and _fold_kernel_serves(per_band):
-        # the product by the fold kernel, which writes grad + product in dtype; the sums by cuBLAS
-        grad = _kernel_fold_product(per_band, rows, grad, band, scale, dtype)
-        _, per_cell = _residue_folds(per_band, None, content, width)
-    elif _by_residues(dist.shape[-1]):
+    if _by_residues(dist.shape[-1]):
+        by_kernel, sums_by_kernel = _fold_kernels_serve(per_band)
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
         # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
-        target = _per_head_view(grad) if bands == 1 and band == n else None
-        product, per_cell = _residue_folds(per_band, rows, content, width, target, scale)
-        if target is None:  # the product, read in grad's order and added
+        one = bands == 1 and band == n and not by_kernel
+        target = _per_head_view(grad) if one else None
+        product, per_cell = _residue_folds(
+            per_band, None if by_kernel else rows, None if sums_by_kernel else content, width, target, scale
+        )
+        if sums_by_kernel:
+            per_cell = _kernel_fold_sums(per_band, content, width)
+        if by_kernel:  # writes grad + product in dtype
+            grad = _kernel_fold_product(per_band, rows, grad, band, scale, dtype)
+        elif target is None:  # the product, read in grad's order and added
             grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
         per_band = per_band[..., :width]
@@ -1289,17 +1294,29 @@ def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch
 # same classes, 16 bytes at a time, and writes gradient plus product in the inputs' dtype, the padding rows
 # left out. At N = 2048 on an H200 the matmuls took 0.354 ms of a 4.986 ms forward+backward and the conversions
 # 0.040 (`benchmarks/results/attention_gpu_h200_16dabb5_profile.json`). Not yet timed on a GPU; the
-# benchmark's row "triton (fold kernel)" times it. The per-cell sums stay on cuBLAS either way.
+# benchmark's row "triton (fold kernel)" times it. The per-cell sums: `FOLD_SUMS`.
 FOLD_PRODUCT_MODES = ("cublas", "triton")
 FOLD_PRODUCT = "cublas"
 FOLD_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by cells a step; the loop over cells pipelined
+# And the folds' per-cell sums (the position tables' gradients before `_into_rows`): "cublas", eight matmuls
+# per fold, one per residue class (at N = 2048 each has about 120 output tiles of the H200's 132 SMs; the
+# sixteen took 0.344 ms, `nvjet_..._bz_NTT` in the profile above), or "triton", one kernel
+# (`triton_products._fold_sums_kernel`): a program per column block and class, 1920 at N = 2048, running over
+# the class's rows, writing the per-class sums that `_class_sums` adds into cells (no atomics: every sum has one
+# program). Not yet timed on a GPU; the benchmark's row "triton (fold kernels)" times both kernels.
+FOLD_SUMS_MODES = ("cublas", "triton")
+FOLD_SUMS = "cublas"
+FOLD_SUMS_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by columns a step; the loop over rows pipelined
 
 
-def _fold_kernel_serves(dist: Tensor) -> bool:
-    """Whether the fold kernel computes the product (`FOLD_PRODUCT`): for 16-bit buffers, the GPU's (float32
-    ones at head dim 128 would spill registers at `FOLD_TILES`: `tests/attention/compile_triton_kernels.py`)."""
+def _fold_kernels_serve(dist: Tensor) -> tuple[bool, bool]:
+    """Whether the fold kernels compute the product (`FOLD_PRODUCT`) and the sums (`FOLD_SUMS`): for 16-bit
+    buffers, the GPU's (float32 ones at head dim 128 would spill registers at `FOLD_TILES`:
+    `tests/attention/compile_triton_kernels.py`)."""
     _check_mode("FOLD_PRODUCT", FOLD_PRODUCT, FOLD_PRODUCT_MODES)
-    return FOLD_PRODUCT == "triton" and dist.dtype in (torch.bfloat16, torch.float16)
+    _check_mode("FOLD_SUMS", FOLD_SUMS, FOLD_SUMS_MODES)
+    half = dist.dtype in (torch.bfloat16, torch.float16)
+    return half and FOLD_PRODUCT == "triton", half and FOLD_SUMS == "triton"
 
 
 def _kernel_fold_product(
@@ -1342,40 +1359,67 @@ def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
 def _residue_folds(
     dist: Tensor,
     rows: Tensor | None,
-    content: Tensor,
+    content: Tensor | None,
     width: int,
     into: Tensor | None = None,
     alpha: float = 1.0,
-) -> tuple[Tensor | None, Tensor]:
+) -> tuple[Tensor | None, Tensor | None]:
     """The two folds of `_fold_bands` for a buffer at an odd row stride, (G, M, DW) against the (G, width, d)
     table rows its cells stand for and the (G, M, d) content rows, one residue class of rows at a time
     (`_residue_rows`): the product (G, M, d) and the per-cell sums (G, width, d), float32; with ``into`` (G, M,
     d) float32 the product times ``alpha`` is added into it instead (in the matmuls' epilogue; ``alpha``
-    scales only such a product); without ``rows`` (None) the sums alone (`FOLD_PRODUCT` "triton" computes
-    the product). Class s's column c
+    scales only such a product). Without ``rows`` (None) no product, without ``content`` no sums (None in their
+    place: the fold kernels compute them, `FOLD_PRODUCT`, `FOLD_SUMS`). Class s's column c
     is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
-    s (a view). Its per-cell sums are written apart, class beside class, and cell x sums row x + s of each
-    class s (one strided reduction): accumulating the classes into one float32 output would read and write it
-    eight times."""
-    groups, m, d = content.shape
+    s (a view). Its per-cell sums are written apart, class beside class, and summed into cells after
+    (`_class_sums`): accumulating the classes into one float32 output would read and write it eight times."""
+    groups, m, _ = dist.shape
     pad = RESIDUES - 1
     if rows is not None:
+        d = rows.shape[2]
         padded = torch.nn.functional.pad(rows, (0, 0, pad, pad))  # (G, width + 14, d)
         if into is None:  # (each class writes its rows once)
-            into, alpha, beta = content.new_empty((groups, m, d), dtype=torch.float32), 1.0, 0.0
+            into, alpha, beta = rows.new_empty((groups, m, d), dtype=torch.float32), 1.0, 0.0
         else:
             beta = 1.0
-    per_class = content.new_empty((groups, width + pad, RESIDUES, d), dtype=torch.float32)
+    if content is not None:
+        per_class = content.new_empty((groups, width + pad, RESIDUES, content.shape[2]), dtype=torch.float32)
     for s in range(RESIDUES):
         view = _residue_rows(dist, width, s)  # (G, M / 8, width + 7)
         if rows is not None:
             table_rows = padded[:, pad - s : pad - s + width + pad]
             _add_matmul_f32(into[:, s::RESIDUES], view, table_rows, alpha, beta=beta)
-        _add_matmul_f32(per_class[:, :, s], view.transpose(-1, -2), content[:, s::RESIDUES], 1.0, beta=0.0)
-    # [g, x, s]: class s's row x + s, whose sums are cell x's
+        if content is not None:
+            _add_matmul_f32(
+                per_class[:, :, s], view.transpose(-1, -2), content[:, s::RESIDUES], 1.0, beta=0.0
+            )
+    return into, None if content is None else _class_sums(per_class, width)
+
+
+def _class_sums(per_class: Tensor, width: int) -> Tensor:
+    """(G, width, d) per-cell sums from the per-class sums (G, width + 7, 8, d) of `_residue_folds` or of the
+    fold kernel (`_kernel_fold_sums`): cell x sums column x + s of each class s (one strided reduction)."""
+    groups, _, classes, d = per_class.shape
     g, c = per_class.stride(0), per_class.stride(1)
-    diagonal = per_class.as_strided((groups, width, RESIDUES, d), (g, c, c + d, 1))
-    return into, diagonal.sum(2)
+    diagonal = per_class.as_strided((groups, width, classes, d), (g, c, c + d, 1))  # [g, x, s]: column x + s
+    return diagonal.sum(2)
+
+
+def _kernel_fold_sums(dist: Tensor, content: Tensor, width: int) -> Tensor:
+    """The per-cell sums of `_residue_folds` (G, width, d), float32, by `triton_products`' sums kernel: one
+    launch that writes the per-class sums, which `_class_sums` adds into cells. ``content`` (G, M, d) with a
+    unit stride in d."""
+    groups, m, dw = dist.shape
+    d = content.shape[2]
+    assert m % RESIDUES == 0 and _by_residues(dw) and content.stride(2) == 1, (m, dw)
+    per_class = content.new_empty((groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
+    t = FOLD_SUMS_TILES
+    grid = (RESIDUES * triton_cdiv(width + RESIDUES - 1, t.block_n), groups)
+    _products()._fold_sums_kernel[grid](
+        dist, content, per_class, dw - 1, m * dw, content.stride(0), content.stride(1), m, width, D=d,
+        PREC=_precision(dist), **_launch(t),
+    )  # fmt: skip
+    return _class_sums(per_class, width)
 
 
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:

@@ -315,3 +315,60 @@ def _fold_step(x, tab, cells, W, D: tl.constexpr, acc, PREC: tl.constexpr):
     ok = (cells >= 0) & (cells < W)
     t = tl.load(tab + cells[:, None] * D, mask=ok[:, None], other=0.0)
     return _mm_add(x, t, acc, PREC)
+
+
+# ------------------------------------------------------------------------------------------ the fold's sums
+@triton.jit
+def _fold_sums_kernel(
+    DIST,  # (G, M, DW) a gradient buffer at an odd row stride DW ≡ 1 (mod 16), as `_fold_product_kernel` reads
+    CONTENT,  # (G, M, D) through strides: q (or k) rows in the buffer's row order, D contiguous
+    PER_CLASS,  # (G, W + 7, 8, D) float32 contiguous: column c's sums over the rows of residue s at [g, c, s]
+    DW1,  # DW - 1, a multiple of 16
+    GROUP,  # M·DW: one group's buffer
+    stride_cg,
+    stride_cm,
+    M,
+    W,
+    D: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program: BLOCK_N columns of the rows of one residue s modulo 8 of group g, read as
+    `_fold_product_kernel` reads them (column c is the row's cell c - s), summed over those rows against their
+    content rows: PER_CLASS[g, c, s] = Σ_i DIST[row s + 8·i, c - s] · CONTENT[row s + 8·i]. The classes are
+    summed into cells after (`triton_backend._class_sums`: cell x is column x + s of class s), so nothing is
+    summed by two programs. A whole column block loads under the row mask alone, 16 bytes at a time; the last,
+    past W + 7, is masked by column too (a branch per program)."""
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    s = pid % 8
+    cols = (pid // 8) * BLOCK_N + tl.arange(0, BLOCK_N)
+    wide = W + 7  # columns read per row
+    dw = DW1 + 1
+    dist = DIST + g.to(tl.int64) * GROUP + s * DW1 + cols[None, :]
+    content = CONTENT + g.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
+    acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+    if (pid // 8) * BLOCK_N + BLOCK_N <= wide:
+        for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
+            acc = _sums_step(dist, content, i0, s, dw, stride_cm, M, cols < wide, False, acc, BLOCK_M, PREC)
+    else:
+        for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
+            acc = _sums_step(dist, content, i0, s, dw, stride_cm, M, cols < wide, True, acc, BLOCK_M, PREC)
+    out = PER_CLASS + g.to(tl.int64) * wide * 8 * D + (cols[:, None] * 8 + s) * D + tl.arange(0, D)[None, :]
+    tl.store(out, acc, mask=(cols < wide)[:, None])
+
+
+@triton.jit
+def _sums_step(
+    dist, content, i0, s, dw, stride_cm, M, col_ok, MASK_COLS: tl.constexpr, acc, BLOCK_M: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """acc + (BLOCK_M rows of residue s from i0 on, their columns)ᵀ @ their content rows."""
+    i = i0 + tl.arange(0, BLOCK_M)
+    rows = s + 8 * i
+    ok = rows < M
+    mask = ok[:, None] & col_ok[None, :] if MASK_COLS else ok[:, None]
+    x = tl.load(dist + (8 * i).to(tl.int64)[:, None] * dw, mask=mask, other=0.0)
+    c = tl.load(content + rows.to(tl.int64)[:, None] * stride_cm, mask=ok[:, None], other=0.0)
+    return _mm_add(tl.trans(x), c, acc, PREC)

@@ -10,7 +10,7 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # i - j) for loads left inside branches and
                                                               # for one loop over tiles per run, and for
                                                               # products the warps compute twice;
-                                                              # the fold kernel (bf16, every head dim)
+                                                              # the fold kernels (bf16, every head dim)
                                                               # (and that Triton compiles no tensor-core
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)
@@ -45,6 +45,7 @@ from debertakit.attention.triton_aot import (  # noqa: E402
 )
 from debertakit.attention.triton_backend import (  # noqa: E402
     BACKWARD,
+    FOLD_SUMS_TILES,
     FOLD_TILES,
     FORWARD,
     GPU_TIMED,
@@ -209,15 +210,20 @@ def main(argv: list[str] | None = None) -> int:
             element_stores.append(f"{name}: {c.ops}")
         if tma and not c.ops["TMA"]:  # the inner tiles' tensor-memory stores
             no_tma.append(f"{name}: {c.ops}")
-    # the backward's fold product (`triton_backend.FOLD_PRODUCT` "triton": 16-bit buffers) at its tiles
+    # the backward's fold kernels (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": 16-bit buffers)
     folds_unfit = []
-    for dtype, head_dim in itertools.product(("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128)):
-        c = compile_fold_kernel(dtype, head_dim, FOLD_TILES)
+    for dtype, head_dim, sums in itertools.product(
+        ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), (False, True)
+    ):
+        tiles = FOLD_SUMS_TILES if sums else FOLD_TILES
+        c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums)
         n += 1
-        name = f"_fold_product_kernel {dtype} d{head_dim} {FOLD_TILES}"
+        name = f"{'_fold_sums_kernel' if sums else '_fold_product_kernel'} {dtype} d{head_dim} {tiles}"
         print(f"{name}: {c}")
-        # no spills, tensor-core products, one loop over the cells, the whole blocks read 16 bytes at a time
-        fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == 1
+        # no spills, tensor-core products, the whole blocks read 16 bytes at a time, and one loop: over the
+        # cells (the product), or over the rows in each of the sums' two branches (whole and masked columns)
+        loops = 2 if sums else 1
+        fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == loops
         if not (fit and c.ops["LDG.V4"]):
             folds_unfit.append(f"{name}: {c}")
     premise = [] if args.all else tensor_cores_from_sm80()
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         ("distance-table products storing elements where the rows' ends wrap", element_stores),
         ("distance-table products with TMA stores asked for and none compiled", no_tma),
         ("distance-table products of a row or column loop without one loop", no_loop),
-        ("fold products spilling, without tensor cores, one loop or 16-byte reads", folds_unfit),
+        ("fold kernels spilling, without tensor cores, their loops or 16-byte reads", folds_unfit),
     )
     for title, problems in checks:
         if problems:

@@ -2227,18 +2227,19 @@ def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [512, 2048])
 def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n):
-    """`FOLD_PRODUCT` "triton" at v3's N = 512 and 2048 (batch·N = 4096, 12 heads, d 64, bfloat16: 64-row bands,
-    and one band with far tiles): the fold kernel launched once a side, reading the buffers 16 bytes at a time
-    as this launch compiled it (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call within the grid's
-    bfloat16 tolerance of float32 eager, as the matmul folds are."""
+    """`FOLD_PRODUCT` and `FOLD_SUMS` "triton" at v3's N = 512 and 2048 (batch·N = 4096, 12 heads, d 64,
+    bfloat16: 64-row bands, and one band with far tiles): each fold kernel launched once a side, reading the
+    buffers 16 bytes at a time as these launches compiled them (``cp.async`` of 16 bytes or ``ld.global.v4``),
+    and the call within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
-    compiled = _record_compiled(monkeypatch)  # the product kernel's launches (two) and the fold kernel's
+    monkeypatch.setattr(triton_backend, "FOLD_SUMS", "triton")
+    compiled = _record_compiled(monkeypatch)  # the tables' product kernel's launches and the fold kernels'
     out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
-    folds = [k.asm["ptx"] for k in compiled if "_fold_product_kernel" in k.asm["ptx"]]
-    assert len(folds) == 2, len(compiled)
+    folds = [k.asm["ptx"] for k in compiled if "_fold_" in k.asm["ptx"]]
+    assert len(folds) == 4, len(compiled)
     assert all("ld.global.v4" in p or re.search(r"cp\.async\.\w+\.shared\.global .*, 0x10", p) for p in folds)
     ref = _run(eager_attention, c, _reference_inputs(inputs, "cuda"), _geometry(c, "cuda"), _grad_out(out))
     _assert_close(c, inputs, torch.bfloat16, (out, *got), (ref[0], *ref[1]))
@@ -2992,6 +2993,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (gradient stores by cell)",
         "triton (tables kept)",
         "triton (fold kernel)",
+        "triton (fold kernels)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -3109,7 +3111,7 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     bench.main(["--lengths", "64", "--tokens", "128", "--heads", "2", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
     kept = "distance, tables kept"  # the forward's tables kept for the backward (`KEEP_TABLES`)
-    fold = "distance, fold kernel"  # the folds' products by the fold kernel (`FOLD_PRODUCT`)
+    fold = "distance, fold kernels"  # the folds' products and sums by the fold kernels (`FOLD_PRODUCT`, `FOLD_SUMS`)
     assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew", kept, fold}
     for r in rows:
         for phase in ("forward", "backward"):
@@ -3123,12 +3125,13 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     launched = {r["near_band"]: sum(r["backward"]["launches"].values()) for r in rows}
     assert moved[kept, "forward"] == moved["distance", "forward"] and launched[kept] < launched["distance"]
     assert moved[kept, "backward"] < moved["distance", "backward"]
-    # the fold kernel: the forward as before; the backward without the eight product matmuls a fold, without
-    # the pads of the table rows they read, and without converting dQ / dK (the kernel writes them)
+    # the fold kernels: the forward as before; the backward without the sixteen matmuls a fold (eight products,
+    # eight sums), without the pads of the table rows they read, and without converting dQ / dK (the kernel
+    # writes them)
     assert moved[fold, "forward"] == moved["distance", "forward"]
     assert moved[fold, "backward"] < moved["distance", "backward"]
     launches = {r["near_band"]: r["backward"]["launches"] for r in rows}
-    assert launches[fold]["baddbmm"] == launches["distance"]["baddbmm"] - 16
+    assert launches[fold]["baddbmm"] == launches["distance"]["baddbmm"] - 32
     assert "constant_pad_nd" not in launches[fold] and launches[fold]["_to_copy"] == 2
     held = {r["near_band"]: r["kept_bytes"] for r in rows}
     assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
@@ -3376,34 +3379,71 @@ FOLD_CASES = {
     "n40_p2c": Case(n=40, terms=PositionTerms(c2p=False, p2c=True)),
     # 16-row bands (no pair saturates)
     "banded_wide_n64": BANDED_GRID["wide_n64"],
-    "banded_wide_padding": BANDED_GRID["wide_padding"],
+    "banded_wide_padding": Case(n=50, batch=2, rel=WIDE, key_lengths=(50, 23)),  # 14 padding rows
     "banded_wide_c2p_only": BANDED_GRID["wide_c2p_only"],
     "banded_wide_p2c_only": BANDED_GRID["wide_p2c_only"],
 }
 
 
-@pytest.mark.parametrize("name", FOLD_CASES)
-def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name):
-    """`FOLD_PRODUCT` "triton" on the distance road with "aligned" gradient stores, in one band (N beyond the
-    saturation: v3 from N = 1024) and in 16-row bands (as v3 at N <= 512 has 64-row ones), whole rows or
-    padded: the kernel computes each side's fold product (one launch per table), and the call's output and
+FOLD_KERNELS = {
+    "product": dict(FOLD_PRODUCT="triton"),
+    "sums": dict(FOLD_SUMS="triton"),
+    "both": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),
+}
+
+
+# both kernels over every case; each alone (the other fold on cuBLAS) in one band and in bands
+FOLD_PARAMS = [
+    *((name, "both") for name in FOLD_CASES),
+    *((name, kernels) for name in ("n64", "banded_wide_n64") for kernels in ("product", "sums")),
+]
+
+
+@pytest.mark.parametrize(("name", "kernels"), FOLD_PARAMS)
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, kernels):
+    """`FOLD_PRODUCT` and `FOLD_SUMS` "triton", both and each alone, on the distance road with "aligned"
+    gradient stores, in one band (N beyond the saturation: v3 from N = 1024) and in 16-row bands (as v3 at
+    N <= 512 has 64-row ones), whole rows or padded: each kernel runs once per table, and the call's output and
     gradients are those of the cuBLAS folds in bfloat16, each gradient within a bfloat16 step (their float32
-    sums differ in order only). Float32 inputs keep the matmuls."""
+    sums differ in order only). Float32 inputs keep the matmuls (checked once)."""
     case = FOLD_CASES[name]
     bands = _distance_bands(monkeypatch, 16)
     inputs = _inputs(case, torch.bfloat16, DEVICE)
     want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     assert all(bands) == name.startswith("banded")
-    launched = _count_calls(monkeypatch, "_kernel_fold_product")
-    monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
+    launched = _count_calls(monkeypatch, "_kernel_fold_product", "_kernel_fold_sums")
+    for setting, mode in FOLD_KERNELS[kernels].items():
+        monkeypatch.setattr(triton_backend, setting, mode)
     out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
-    assert launched["_kernel_fold_product"] == case.terms.c2p + case.terms.p2c
+    tables = case.terms.c2p + case.terms.p2c
+    assert launched["_kernel_fold_product"] == (tables if kernels != "sums" else 0)
+    assert launched["_kernel_fold_sums"] == (tables if kernels != "product" else 0)
     torch.testing.assert_close(out, want_out, rtol=0, atol=0)  # the forward does not fold
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6)
-    launched.clear()
-    _run(triton_attention, case, _inputs(case, torch.float32, DEVICE), _geometry(case, DEVICE))
-    assert not launched["_kernel_fold_product"]
+    if (name, kernels) == ("n64", "both"):
+        launched.clear()
+        _run(triton_attention, case, _inputs(case, torch.float32, DEVICE), _geometry(case, DEVICE))
+        assert not launched["_kernel_fold_product"] and not launched["_kernel_fold_sums"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype):
+    """`triton_products._fold_sums_kernel` (`FOLD_SUMS` "triton"): per cell x of a buffer at an odd row stride
+    (DW = 97), Σ over rows m of DIST[m, x] · CONTENT[m], in float32: the matmul's sums, and the residue-class
+    matmuls' (`_residue_folds`). The content rows through a strided per-head view (the projections' layout);
+    96 rows a class (two row blocks of 64, the second partial); 104 columns a row (a whole column block and a
+    masked one). Every cell random: a class read one cell off sums the wrong cell."""
+    G, M, d, W = 2, 768, 16, 97
+    g = torch.Generator().manual_seed(1)
+    dist = torch.randn(G, M, W, generator=g).to(dtype)
+    content = torch.randn(M, G, d, generator=g).to(dtype).transpose(0, 1)  # (G, M, d), rows G·d apart
+    want = torch.bmm(dist.float().transpose(1, 2), content.float())
+    got = triton_backend._kernel_fold_sums(dist, content, W)
+    assert got.dtype == torch.float32 and got.shape == (G, W, d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    _, by_classes = triton_backend._residue_folds(dist, None, content, W)
+    torch.testing.assert_close(got, by_classes, rtol=1e-5, atol=1e-4)
 
 
 def _folded_buffers(monkeypatch) -> list:
