@@ -1263,13 +1263,19 @@ def _fold_bands(
     return grad, _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
 
 
+def _sum_output(grad: Tensor, dtype: torch.dtype) -> Tensor:
+    """Where a fold writes ``grad`` plus its product in ``dtype`` (`_add_bands`, `_kernel_fold_product`):
+    ``grad`` itself in float32 (the sum in place), else a new tensor with ``grad``'s strides."""
+    return grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
+
+
 def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch.dtype) -> Tensor:
     """``grad`` (B, H, N, d) float32 plus ``scale`` times ``product`` (H, bands, B, band, d), the bands' rows
     of real tokens only (the last band's padding rows are not added), as a new tensor in ``dtype``, ``grad``'s
     strides (in place where ``dtype`` is float32). One pass that rounds the float32 sum once, as adding into
     ``grad`` and converting it after would, without writing ``grad`` and reading it back: at v3's N = 512 the
     two folds' adds and conversions moved 0.45 GB, this 0.25 (`benchmarks/triton_host_cost.py`)."""
-    out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
+    out = _sum_output(grad, dtype)
     band = product.shape[3]
     into = product.permute(2, 0, 1, 3, 4)  # (B, H, bands, band, d): grad's order
     whole = n // band
@@ -1327,7 +1333,7 @@ def _kernel_fold_product(
     stand for, by `triton_products`' fold kernel: a tensor in ``dtype`` with ``grad``'s strides (``grad``
     itself where ``dtype`` is float32), the padding rows left out. ``band`` (rows per band and batch row, or
     one band's padded rows) is a multiple of 16, so no read of the kernel's passes the buffer's end."""
-    out = grad if dtype == grad.dtype else torch.empty_like(grad, dtype=dtype)
+    out = _sum_output(grad, dtype)
     _, H, n, d = grad.shape
     groups, m, dw = dist.shape
     assert band % RESIDUES == 0 and _by_residues(dw) and out.stride() == grad.stride(), (band, dw)

@@ -266,9 +266,8 @@ def _fold_product_kernel(
     """One program: BLOCK_M rows of one residue s modulo 8 (rows s + 8·i) of group g = (head, band), their
     product with the table rows over all W cells, added to GRAD and stored to OUT. Row m of a group is token
     band·LB + m mod LB of batch row m // LB (the tables' layout, (H, bands, B, LB, DW)); rows of padding tokens
-    (at or past N) are not stored. A row s + 8·i is read from s cells before its first, at s·(DW - 1) + 8·i·DW:
-    a multiple of 8 elements (16 bytes in bfloat16) that Triton can see, as `triton_backend._residue_rows`
-    gives cuBLAS. Column c of that read is the row's cell c - s; the table rows meet it through that shift,
+    (at or past N) are not stored. A row s + 8·i is read from s cells before its first, 16-byte aligned
+    (`_class_reads`). Column c of that read is the row's cell c - s; the table rows meet it through that shift,
     zeros outside 0 … W - 1 (the cells there are the rows beside it, or past the row's own). The column blocks
     run to W + 7 (no cell past the buffer: its last row, residue 7, M being a multiple of 8, ends at its cell
     W - 1); the whole blocks load under the row mask alone, 16 bytes at a time, the last one masked by column
@@ -279,9 +278,7 @@ def _fold_product_kernel(
     i = (pid // 8) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = s + 8 * i
     row_ok = rows < M
-    dw = DW1 + 1
-    # (BLOCK_M, 1): column 0 of each row's read
-    base = DIST + g.to(tl.int64) * GROUP + s * DW1 + (8 * i).to(tl.int64)[:, None] * dw
+    base = DIST + _class_reads(g, GROUP, s, DW1, i)  # (BLOCK_M, 1): column 0 of each row's read
     dims = tl.arange(0, D)
     tab = T + g.to(tl.int64) * W * D + dims[None, :]
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
@@ -307,6 +304,14 @@ def _fold_product_kernel(
     )
     grad = tl.load(GRAD + at, mask=ok, other=0.0)
     tl.store(OUT + at, (grad + alpha * acc).to(OUT.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _class_reads(g, GROUP, s, DW1, i):
+    """(BLOCK, 1) offsets, 64-bit, of column 0 of the reads of rows s + 8·i of group g in a buffer at the odd
+    row stride DW1 + 1: s cells before each row's first, at s·(DW - 1) + 8·i·DW, a multiple of 8 elements (16
+    bytes in bfloat16) that Triton can see, as `triton_backend._residue_rows` gives cuBLAS."""
+    return g.to(tl.int64) * GROUP + s * DW1 + (8 * i).to(tl.int64)[:, None] * (DW1 + 1)
 
 
 @triton.jit
@@ -345,30 +350,33 @@ def _fold_sums_kernel(
     s = pid % 8
     cols = (pid // 8) * BLOCK_N + tl.arange(0, BLOCK_N)
     wide = W + 7  # columns read per row
-    dw = DW1 + 1
-    dist = DIST + g.to(tl.int64) * GROUP + s * DW1 + cols[None, :]
     content = CONTENT + g.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
     acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
     if (pid // 8) * BLOCK_N + BLOCK_N <= wide:
         for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-            acc = _sums_step(dist, content, i0, s, dw, stride_cm, M, cols < wide, False, acc, BLOCK_M, PREC)
+            acc = _sums_step(
+                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, False, acc, BLOCK_M, PREC
+            )
     else:
         for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-            acc = _sums_step(dist, content, i0, s, dw, stride_cm, M, cols < wide, True, acc, BLOCK_M, PREC)
+            acc = _sums_step(
+                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, True, acc, BLOCK_M, PREC
+            )
     out = PER_CLASS + g.to(tl.int64) * wide * 8 * D + (cols[:, None] * 8 + s) * D + tl.arange(0, D)[None, :]
     tl.store(out, acc, mask=(cols < wide)[:, None])
 
 
 @triton.jit
 def _sums_step(
-    dist, content, i0, s, dw, stride_cm, M, col_ok, MASK_COLS: tl.constexpr, acc, BLOCK_M: tl.constexpr,
-    PREC: tl.constexpr,
+    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, MASK_COLS: tl.constexpr, acc,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """acc + (BLOCK_M rows of residue s from i0 on, their columns)ᵀ @ their content rows."""
+    """acc + (BLOCK_M rows of residue s from i0 on, their columns ``cols``)ᵀ @ their content rows; with
+    MASK_COLS the columns at or past ``wide`` are left out."""
     i = i0 + tl.arange(0, BLOCK_M)
     rows = s + 8 * i
     ok = rows < M
-    mask = ok[:, None] & col_ok[None, :] if MASK_COLS else ok[:, None]
-    x = tl.load(dist + (8 * i).to(tl.int64)[:, None] * dw, mask=mask, other=0.0)
+    mask = ok[:, None] & (cols < wide)[None, :] if MASK_COLS else ok[:, None]
+    x = tl.load(DIST + _class_reads(g, GROUP, s, DW1, i) + cols[None, :], mask=mask, other=0.0)
     c = tl.load(content + rows.to(tl.int64)[:, None] * stride_cm, mask=ok[:, None], other=0.0)
     return _mm_add(tl.trans(x), c, acc, PREC)

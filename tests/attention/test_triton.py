@@ -3317,6 +3317,16 @@ def test_banded_folds_write_the_gradients_in_one_pass():
     assert "add" not in one and "add_" not in one and one["_to_copy"] == 4, one
 
 
+def _bands_added_by_row(grad: torch.Tensor, product: torch.Tensor, n: int, scale: float) -> torch.Tensor:
+    """``grad`` (B, H, N, d) plus ``scale`` times the band-major ``product`` (H, bands, B, band, d), row by row:
+    token t of batch row b gets row t mod band of band t // band (the padding rows meet no token)."""
+    H, _, B, band, _ = product.shape
+    out = grad.clone()
+    for h, b, t in itertools.product(range(H), range(B), range(n)):
+        out[b, h, t] += scale * product[h, t // band, b, t % band]
+    return out
+
+
 def test_adding_the_bands_rounds_the_float32_sum_once():
     """`_add_bands`: the bands' products added to a float32 gradient in the projections' layout and written in
     bfloat16 are bit for bit the sum added in float32 and converted after, the last band's padding rows left
@@ -3331,10 +3341,7 @@ def test_adding_the_bands_rounds_the_float32_sum_once():
     want, into, whole = grad.clone(), product.permute(2, 0, 1, 3, 4), N // band
     want[:, :, : whole * band].unflatten(2, (whole, band)).add_(into[:, :, :whole], alpha=scale)
     want[:, :, whole * band :].add_(into[:, :, whole, : N - whole * band], alpha=scale)
-    by_row = grad.clone()  # row by row: which product row each gradient row gets
-    for h, i, b in itertools.product(range(H), range(N), range(B)):
-        by_row[b, h, i] += scale * product[h, i // band, b, i % band]
-    torch.testing.assert_close(want, by_row, rtol=0, atol=1e-6)
+    torch.testing.assert_close(want, _bands_added_by_row(grad, product, N, scale), rtol=0, atol=1e-6)
     got = triton_backend._add_bands(grad, product, N, scale, torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.stride() == grad.stride()
     assert torch.equal(got, want.to(torch.bfloat16))
@@ -3359,9 +3366,7 @@ def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype, ban
     rows = torch.randn(H * bands, W, d, generator=g).to(dtype)
     grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d) over (B, N, H, d) memory
     product = torch.bmm(dist.float(), rows.float()).view(H, bands, B, band, d)
-    want = grad.clone()
-    for h, b, t in itertools.product(range(H), range(B), range(N)):
-        want[b, h, t] += 0.7 * product[h, t // band, b, t % band]
+    want = _bands_added_by_row(grad, product, N, 0.7)
     got = triton_backend._kernel_fold_product(dist, rows, grad, band, 0.7, dtype)
     assert got.dtype == dtype and got.stride() == grad.stride()
     if dtype == torch.float32:
