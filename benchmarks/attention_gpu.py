@@ -31,9 +31,10 @@ Sections (all bfloat16 on one CUDA device):
    before 2026-11-27; the default is "columns", a program per column block running over row blocks),
    ``triton (product edges masked)`` with each row's first and last block stored element by element
    (`triton_backend.PRODUCT_EDGES` "masked"), ``triton (tables kept)`` with the forward's distance tables kept
-   for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold kernel)`` with
-   the backward's fold products by `triton_products`' fold kernel (`triton_backend.FOLD_PRODUCT` "triton"),
-   ``triton (fold kernels)`` with its per-cell sums by the sums kernel too (`FOLD_SUMS` "triton").
+   for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold matmuls)`` with
+   the backward's fold products and sums by cuBLAS's matmuls (`triton_backend.FOLD_PRODUCT` and `FOLD_SUMS`
+   "cublas", the default before 2026-11-27) instead of `triton_products`' fold kernels, ``triton (fold sums by
+   matmul)`` with the sums alone by the matmuls (`FOLD_SUMS` "cublas").
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -405,8 +406,8 @@ def _attention_rows(
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
-            FOLD_KERNEL_ROW: dict(FOLD_PRODUCT="triton"),
-            FOLD_KERNELS_ROW: dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),
+            FOLD_MATMULS_ROW: dict(FOLD_PRODUCT="cublas", FOLD_SUMS="cublas"),
+            FOLD_SUMS_MATMULS_ROW: dict(FOLD_SUMS="cublas"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
         }
         for row, settings in changed.items():
@@ -506,13 +507,12 @@ CELL_STORES_ROW = "triton (gradient stores by cell)"
 # `triton` with the forward's distance tables kept for the backward (`triton_backend.KEEP_TABLES`), which
 # otherwise builds them again: its peak memory beside its time
 KEPT_TABLES_ROW = "triton (tables kept)"
-# `triton` with the backward's fold products computed by `triton_products`' fold kernel
-# (`triton_backend.FOLD_PRODUCT` "triton"), which writes dQ / dK in the inputs' dtype, against eight cuBLAS
-# matmuls a side and a conversion
-FOLD_KERNEL_ROW = "triton (fold kernel)"
-# and with the folds' per-cell sums by `triton_products`' sums kernel too (`triton_backend.FOLD_SUMS` "triton"),
-# against eight cuBLAS matmuls a side
-FOLD_KERNELS_ROW = "triton (fold kernels)"
+# `triton` with the backward's fold products and per-cell sums by eight cuBLAS matmuls a side each (and the
+# products' conversion to the inputs' dtype: `triton_backend.FOLD_PRODUCT` and `FOLD_SUMS` "cublas", the default
+# before 2026-11-27), against `triton_products`' two fold kernels
+FOLD_MATMULS_ROW = "triton (fold matmuls)"
+# and with the sums alone by the matmuls (`FOLD_SUMS` "cublas"), the products by the fold kernel
+FOLD_SUMS_MATMULS_ROW = "triton (fold sums by matmul)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
@@ -541,8 +541,8 @@ def attention_row_names() -> list[str]:
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
-        FOLD_KERNEL_ROW,
-        FOLD_KERNELS_ROW,
+        FOLD_MATMULS_ROW,
+        FOLD_SUMS_MATMULS_ROW,
         CUSTOM_OP_ROW,
         SHARED_GEOMETRY_ROW,
         PLAIN_ROW,
@@ -767,8 +767,8 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,
-            FOLD_KERNEL_ROW,
-            FOLD_KERNELS_ROW,
+            FOLD_MATMULS_ROW,
+            FOLD_SUMS_MATMULS_ROW,
             PLAIN_ROW,
         )
         rows = _attention_rows(args, n, device, dtype, only=only, timer=profile_kernels)

@@ -27,7 +27,9 @@ i - j (the shapes here) the zeros of the distance buffers' cells that no visible
 The distance road is counted with its tables built by the matmul (`triton_backend.DISTANCE_PRODUCT` =
 "cublas"): the same products as `triton_products`' kernel, which the default runs for 16-bit inputs, plus the
 copies the matmul reads (the padding rows, q / k in band order, the gathered table rows: up to three more
-launches per direction, which the default no longer makes).
+launches per direction, which the default no longer makes). Its folds are counted as cuBLAS's matmuls
+(`FOLD_PRODUCT`, `FOLD_SUMS` "cublas", the default until 2026-11-27); the rows ", fold kernels" count the
+default's folds, by kernels of ours (not counted).
 
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """

@@ -1298,20 +1298,24 @@ def _add_bands(grad: Tensor, product: Tensor, n: int, scale: float, dtype: torch
 # (in their epilogue where it is one band of whole rows, else added by `_add_bands`), which is converted to the
 # inputs' dtype; or "triton", one kernel (`triton_products._fold_product_kernel`) that reads the buffer by the
 # same classes, 16 bytes at a time, and writes gradient plus product in the inputs' dtype, the padding rows
-# left out. At N = 2048 on an H200 the matmuls took 0.354 ms of a 4.986 ms forward+backward and the conversions
-# 0.040 (`benchmarks/results/attention_gpu_h200_16dabb5_profile.json`). Not yet timed on a GPU; the
-# benchmark's row "triton (fold kernel)" times it. The per-cell sums: `FOLD_SUMS`.
+# left out. On an H200 (fifth lease, `benchmarks/results/attention_gpu_h200_f3c1fc3_profile.json`, GPU time of
+# a forward+backward) the kernel took 0.326 ms at N = 2048 where the matmuls took 0.362, and the call 4.801 ms
+# against 4.866; at 512 2.321 against 2.519 (the product kernel replaces `_add_bands` there too), so it is the
+# default since 2026-11-27; the benchmark's row "triton (fold matmuls)" times the matmuls. The sums: `FOLD_SUMS`.
 FOLD_PRODUCT_MODES = ("cublas", "triton")
-FOLD_PRODUCT = "cublas"
+FOLD_PRODUCT = "triton"
 FOLD_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by cells a step; the loop over cells pipelined
 # And the folds' per-cell sums (the position tables' gradients before `_into_rows`): "cublas", eight matmuls
 # per fold, one per residue class (at N = 2048 each a small output, 1224 × 64 per head, over 2048 rows; the
 # sixteen took 0.344 ms, `nvjet_..._bz_NTT` in the profile above), or "triton", one kernel
 # (`triton_products._fold_sums_kernel`): a program per column block and class, 1920 at N = 2048, running over
 # the class's rows, writing the per-class sums that `_class_sums` adds into cells (no atomics: every sum has one
-# program). Not yet timed on a GPU; the benchmark's row "triton (fold kernels)" times both kernels.
+# program). On the H200 (the profile above) the kernel took 0.371 ms at 2048 where the matmuls took 0.344, yet the
+# call with both kernels 4.791 ms against 4.801 with the product kernel alone (its per-class sums need no
+# conversion), and at 512 2.248 against 2.321: the default since 2026-11-27; the benchmark's row
+# "triton (fold sums by matmul)" times the matmuls beside the product kernel.
 FOLD_SUMS_MODES = ("cublas", "triton")
-FOLD_SUMS = "cublas"
+FOLD_SUMS = "triton"
 FOLD_SUMS_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by columns a step; the loop over rows pipelined
 
 

@@ -2233,9 +2233,11 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n)
     and the call within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
+    for setting, mode in FOLD_MATMULS.items():
+        monkeypatch.setattr(triton_backend, setting, mode)
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
-    monkeypatch.setattr(triton_backend, "FOLD_PRODUCT", "triton")
-    monkeypatch.setattr(triton_backend, "FOLD_SUMS", "triton")
+    for setting, mode in FOLD_KERNELS["both"].items():
+        monkeypatch.setattr(triton_backend, setting, mode)
     compiled = _record_compiled(monkeypatch)  # the tables' product kernel's launches and the fold kernels'
     out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     folds = [k.asm["ptx"] for k in compiled if "_fold_" in k.asm["ptx"]]
@@ -2992,8 +2994,8 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
         "triton (tables kept)",
-        "triton (fold kernel)",
-        "triton (fold kernels)",
+        "triton (fold matmuls)",
+        "triton (fold sums by matmul)",
         "triton (no position terms)",
     ]
     for r in profiled:
@@ -3390,9 +3392,10 @@ FOLD_CASES = {
 }
 
 
+FOLD_MATMULS = dict(FOLD_PRODUCT="cublas", FOLD_SUMS="cublas")  # the reference: both folds by cuBLAS
 FOLD_KERNELS = {
-    "product": dict(FOLD_PRODUCT="triton"),
-    "sums": dict(FOLD_SUMS="triton"),
+    "product": dict(FOLD_PRODUCT="triton", FOLD_SUMS="cublas"),
+    "sums": dict(FOLD_PRODUCT="cublas", FOLD_SUMS="triton"),
     "both": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),
 }
 
@@ -3414,6 +3417,8 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, 
     case = FOLD_CASES[name]
     bands = _distance_bands(monkeypatch, 16)
     inputs = _inputs(case, torch.bfloat16, DEVICE)
+    for setting, mode in FOLD_MATMULS.items():
+        monkeypatch.setattr(triton_backend, setting, mode)
     want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     assert all(bands) == name.startswith("banded")
     launched = _count_calls(monkeypatch, "_kernel_fold_product", "_kernel_fold_sums")
@@ -3988,7 +3993,9 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
     """What the compiled kernels assume (`triton_aot.attributes`, from which the static report compiles them, and
     `PRODUCT_ALIGNED`): every pointer a launch passes 16-byte aligned, as Triton's launch then specialises it,
     and the integers said to be multiples of 16 such multiples (and DW one more than one with ``GRAD_BANDS``),
-    forward and backward, distance tables in bands (`wide_padding`) and in one band, and the tables road. Banded tables once started on an odd element (their
+    forward and backward, distance tables in bands (`wide_padding`) and in one band, and the tables road; the
+    backward's fold kernels (bfloat16: the default) launched on the distance road, their pointers aligned and
+    DW - 1 a multiple of 16 (`FOLD_ALIGNED`). Banded tables once started on an odd element (their
     lead of zeros, `_distance_slack`, is odd), and a GPU compiled the kernels there with element loads
     (`_product_buffer`)."""
     from debertakit.attention import triton_kernels, triton_products
@@ -4004,11 +4011,15 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
     assert bands == ([16, 16] if name == "wide_padding" else [0, 0] if road == "distance" else [])
 
     def ints(kernel: str, kwargs: dict) -> set[str]:
+        if kernel.startswith(
+            "_fold_"
+        ):  # `FOLD_ALIGNED`'s other integers are multiples of 16 at real shapes only
+            return {"DW1"}
         return PRODUCT_ALIGNED if kernel == "_distance_product_kernel" else aligned_ints(kwargs)
 
     unaligned = []
     for kernel, (args, kwargs) in launches.items():
-        fn = getattr(triton_products if kernel == "_distance_product_kernel" else triton_kernels, kernel)
+        fn = getattr(triton_kernels, kernel, None) or getattr(triton_products, kernel)
         for name, arg in zip(fn.arg_names, args):
             if isinstance(arg, tuple) and arg[0] == "tensor":
                 bad = arg[2] != "D"
@@ -4019,4 +4030,8 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
             if bad:
                 unaligned.append((kernel, name, arg))
     assert not unaligned
-    assert road == "tables" or "_distance_product_kernel" in launches
+    assert road == "tables" or {
+        "_distance_product_kernel",
+        "_fold_product_kernel",
+        "_fold_sums_kernel",
+    } <= set(launches)
