@@ -48,7 +48,8 @@ receives three files (written atomically):
 
 * ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
   not started, and the end of its log when it failed; then the target checks (``verdicts``) of each results
-  file of `attention_gpu.py`;
+  file of `attention_gpu.py`, and the outcome of each test of pytest's JUnit XML (``tests``: the counts, and in
+  the Markdown the tests that failed with their messages);
 * ``gpu_suite.tar.gz``: the working folder (``--work``: empty or new, not holding ``--out``; by default a new
   temp folder): every step's results file (JSON / Markdown, ncu's CSV pages, pytest's JUnit XML) and log;
   packed again only after a step that ran (a step not started changes nothing in it).
@@ -82,6 +83,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 
@@ -516,8 +518,48 @@ def verdicts(work: Path) -> dict[str, list[str]]:
     return found
 
 
+TEST_OUTCOMES = ("passed", "failure", "error", "skipped")
+
+
+def test_results(work: Path) -> dict[str, dict]:
+    """What each pytest JUnit XML file in ``work`` holds, by file: the count of each outcome
+    (`TEST_OUTCOMES`) and every test's ``test`` (module::name), ``status`` and ``seconds``, with the message of
+    a test that did not pass (cut to 400 characters) - the form of the committed
+    ``benchmarks/results/gpu_tests_*.json``. A file a stopped step left torn is left out (the bundle has it)."""
+    found = {}
+    for path in sorted(work.glob("*.xml")):
+        try:
+            root = ElementTree.parse(path).getroot()
+        except (OSError, ElementTree.ParseError):
+            continue
+        summary, tests = dict.fromkeys(TEST_OUTCOMES, 0), []
+        for case in root.iter("testcase"):
+            test = {"test": f"{case.get('classname')}::{case.get('name')}", "status": "passed"}
+            test["seconds"] = float(case.get("time") or 0.0)
+            for child in case:
+                if child.tag in TEST_OUTCOMES:
+                    test.update(status=child.tag, message=(child.get("message") or "")[:400])
+            summary[test["status"]] += 1
+            tests.append(test)
+        found[path.name] = {"summary": summary, "tests": tests}
+    return found
+
+
+def _tests_md(name: str, result: dict) -> list[str]:
+    """A JUnit file's counts and the tests that failed or errored, with their messages."""
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in result["summary"].items())
+    bad = [t for t in result["tests"] if t["status"] in ("failure", "error")]
+    return ["", f"## Tests of `{name}`: {counts}", *([""] if bad else [])] + [
+        f"- {t['status']}: `{t['test']}`: {t['message']}" for t in bad
+    ]
+
+
 def summary_md(
-    records: list[dict], budget_s: float, pending: list[str], checks: dict[str, list[str]] | None = None
+    records: list[dict],
+    budget_s: float,
+    pending: list[str],
+    checks: dict[str, list[str]] | None = None,
+    tests: dict[str, dict] | None = None,
 ) -> str:
     lines = [
         f"# GPU suite, {time.strftime('%Y-%m-%d %H:%M %Z')}",
@@ -540,6 +582,8 @@ def summary_md(
             lines += ["", "```", r["log_tail"], "```"]
     for name, lines_of_file in (checks or {}).items():
         lines += ["", f"## Verdicts of `{name}`", "", *(f"- {line}" for line in lines_of_file)]
+    for name, result in (tests or {}).items():
+        lines += _tests_md(name, result)
     return "\n".join(lines) + "\n"
 
 
@@ -551,12 +595,17 @@ def write_outputs(
     H200 lease of 2026-11-26 each rewrite of a bundle holding six ncu reports took about 9 s, and five steps
     not started after the budget ran out rewrote it five times, past the lease's end.)"""
     out.mkdir(parents=True, exist_ok=True)
-    checks = verdicts(work)
-    data = {"budget_s": budget_s, "steps": records, "not_reached": pending, "verdicts": checks}
+    checks, tests = verdicts(work), test_results(work)
+    data = {
+        "budget_s": budget_s,
+        "steps": records,
+        "not_reached": pending,
+        "verdicts": checks,
+        "tests": tests,
+    }
     atomic_write(out / "gpu_suite.json", lambda p: Path(p).write_text(json.dumps(data, indent=1) + "\n"))
-    atomic_write(
-        out / "gpu_suite.md", lambda p: Path(p).write_text(summary_md(records, budget_s, pending, checks))
-    )
+    md = summary_md(records, budget_s, pending, checks, tests)
+    atomic_write(out / "gpu_suite.md", lambda p: Path(p).write_text(md))
 
     def pack(path: str) -> None:
         # the fastest gzip level: ncu's reports are compressed already, and the bundle is written after each step

@@ -341,3 +341,55 @@ def test_gpu_tests_run_in_several_processes_where_xdist_imports(suite, monkeypat
     assert "--collect-only" in smoke and "-n" not in smoke
     monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name: None if name == "xdist" else object())
     assert "-n" not in step.argv(tmp_path, 100.0, False)
+
+
+def test_the_summary_counts_the_tests_of_pytests_junit_files(suite, tmp_path, monkeypatch):
+    """The GPU tests' outcome is read in the summary too: pytest's own JUnit XML of a passing, a failing, a
+    skipped and an erroring test gives their counts, every test's status and seconds, and in the Markdown the
+    failing ones with their messages; a torn file (a stopped step's) is left out."""
+    tests = tmp_path / "test_tiny.py"
+    tests.write_text(
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def broken():\n"
+        "    raise RuntimeError('no GPU memory')\n"
+        "def test_passes(): pass\n"
+        "def test_fails(): assert 1 == 2, 'off by one'\n"
+        "def test_skipped(): pytest.skip('no CUDA')\n"
+        "def test_errors(broken): pass\n"
+    )
+    run = "import subprocess, sys; subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', "
+    steps = [
+        suite.Step(
+            "gpu-tests",
+            "",
+            lambda work, s, smoke: [
+                sys.executable,
+                "-c",
+                run + f"{str(tests)!r}, '--junitxml', {str(work / 'gpu_tests.xml')!r}])",
+            ],
+            60,
+            0,
+        ),
+        suite.Step("torn", "", _writes("torn.xml", "<testsuites><testsuite><testcase"), 30, 0),
+    ]
+    monkeypatch.setattr(suite, "PLAN", steps)
+    monkeypatch.setattr(suite, "STEPS", {s.name: s for s in steps})
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert suite.main(["--out", str(out), "--work", str(work)]) == 0
+    found = json.loads((out / "gpu_suite.json").read_text())["tests"]
+    assert list(found) == ["gpu_tests.xml"]
+    assert found["gpu_tests.xml"]["summary"] == {"passed": 1, "failure": 1, "error": 1, "skipped": 1}
+    status = {t["test"].split("::")[-1]: t["status"] for t in found["gpu_tests.xml"]["tests"]}
+    assert status == {
+        "test_passes": "passed",
+        "test_fails": "failure",
+        "test_skipped": "skipped",
+        "test_errors": "error",
+    }
+    assert all(t["seconds"] >= 0 for t in found["gpu_tests.xml"]["tests"])
+    md = (out / "gpu_suite.md").read_text()
+    assert "## Tests of `gpu_tests.xml`: 1 passed, 1 failure, 1 error, 1 skipped" in md
+    assert re.search(r"- failure: `[\w.]*test_tiny::test_fails`: .*off by one", md)
+    assert re.search(r"- error: `[\w.]*test_tiny::test_errors`: .*", md)
+    assert "test_passes" not in md and "test_skipped" not in md
