@@ -66,7 +66,9 @@ Sections (all bfloat16 on one CUDA device):
    (those that compile without spills). The shape is given to the kernels of ``--tile-kernels`` (all three
    by default; one kernel alone, the others keep their tiles, times
    that kernel's choice: the forward's in the forward column, a backward kernel's in forward+backward) on the
-   near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`).
+   near-band road of ``--near-band`` ("skew": the skewed kernels' tiles, `triton_backend.SKEW_TILES`); on the
+   distance road it may name the tables' product kernel and the backward's fold kernels instead. With
+   ``--tile-timer profile`` each shape's rows are timed by kernel (GPU time, as the ``profile`` section).
    ``profile`` (not run by default): the ``triton`` rows of ``attention`` (the plain one too) with their GPU
    time split by kernel (`torch.profiler`, ms per call): how much is the fused kernels and how much the work
    around them (the N×R tables, the backward's folds, copies). ``--impls`` restricts ``attention`` to the rows
@@ -164,7 +166,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tile-kernels",
         nargs="+",
         help="the kernels the `tiles` section gives each shape, of triton_backend.KERNEL_NAMES (default: all; "
-        "the others keep their tiles) and _distance_product_kernel (the distance road's tables)",
+        "the others keep their tiles), _distance_product_kernel (the distance road's tables) and "
+        "_fold_product_kernel, _fold_sums_kernel (the distance road's backward folds, 16-bit inputs)",
+    )
+    p.add_argument(
+        "--tile-timer",
+        choices=("call", "profile"),
+        default="call",
+        help="the `tiles` section's timing: per call (do_bench, host included) or the GPU time of each kernel "
+        "(torch.profiler, as the `profile` section)",
     )
     p.add_argument(
         "--near-band",
@@ -661,40 +671,51 @@ def parse_tiles(spec: str):
 # `--product-programs rows` `PRODUCT_ROW_TILES` (whose stages pipeline the row's loop), with `columns`
 # `PRODUCT_COLUMN_TILES`
 PRODUCT_KERNEL = "_distance_product_kernel"
+# and the backward's fold kernels (`triton_products`, 16-bit inputs), by the setting of `triton_backend` that
+# holds each one's tiles
+FOLD_KERNEL_TILES = {"_fold_product_kernel": "FOLD_TILES", "_fold_sums_kernel": "FOLD_SUMS_TILES"}
 
 
 def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
     """The `triton` attention rows once per tile shape, given to the kernels of ``--tile-kernels`` on the road
-    of ``--near-band`` (by default the three attention kernels; `PRODUCT_KERNEL` on the distance road)."""
+    of ``--near-band`` (by default the three attention kernels; `PRODUCT_KERNEL` and the fold kernels,
+    `FOLD_KERNEL_TILES`, on the distance road)."""
     from debertakit.attention import triton_backend
 
     every = triton_backend.KERNEL_NAMES
-    unknown = sorted(set(args.tile_kernels or ()) - {*every, PRODUCT_KERNEL})
+    distance_kernels = (PRODUCT_KERNEL, *FOLD_KERNEL_TILES)
+    unknown = sorted(set(args.tile_kernels or ()) - {*every, *distance_kernels})
     if unknown or args.near_band not in triton_backend.NEAR_BAND_MODES:
         raise SystemExit(
             f"--tile-kernels {unknown or ''} / --near-band {args.near_band!r}: expected kernels of "
-            f"{(*every, PRODUCT_KERNEL)} and a road of {triton_backend.NEAR_BAND_MODES}"
+            f"{(*every, *distance_kernels)} and a road of {triton_backend.NEAR_BAND_MODES}"
         )
-    product = PRODUCT_KERNEL in (args.tile_kernels or ())
-    if product and args.near_band != "distance":
-        raise SystemExit(
-            f"--tile-kernels {PRODUCT_KERNEL}: its tables are the distance road's, not {args.near_band!r}"
-        )
+    others = [k for k in distance_kernels if k in (args.tile_kernels or ())]
+    if others and args.near_band != "distance":
+        raise SystemExit(f"--tile-kernels {others}: kernels of the distance road, not of {args.near_band!r}")
     kernels = tuple(k for k in every if args.tile_kernels is None or k in args.tile_kernels)
     suffix = f" {args.near_band}"  # the road, named: `triton` alone is the default road elsewhere
     if kernels != every:
-        suffix += f" ({', '.join([*kernels, *[PRODUCT_KERNEL] * product])})"
+        suffix += f" ({', '.join([*kernels, *others])})"
 
     def measure(tiles, n: int) -> list[dict]:
         settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
-        if product:  # the tiles of the kernel's programs as this run has them (--product-programs)
+        if (
+            PRODUCT_KERNEL in others
+        ):  # the tiles of the kernel's programs as this run has them (--product-programs)
             programs = triton_backend.PRODUCT_PROGRAMS
             names = dict(rows="PRODUCT_ROW_TILES", columns="PRODUCT_COLUMN_TILES")
             settings[names.get(programs, "PRODUCT_TILES")] = tiles
+        settings.update({FOLD_KERNEL_TILES[k]: tiles for k in others if k in FOLD_KERNEL_TILES})
         # with position terms, and where the attention kernels take the tiles the same tiles' plain-attention
         # ceiling (the plain row builds no distance table)
         only = ("triton", PLAIN_ROW) if kernels else ("triton",)
-        rows = _with_backend_settings(_attention_rows, **settings)(args, n, device, dtype, only=only)
+        # per call, or (``--tile-timer profile``) GPU time by kernel: the swept kernel's own time, where it is a
+        # small share of a call whose per-call time varies more than that share between rows
+        timer = profile_kernels if args.tile_timer == "profile" else None
+        rows = _with_backend_settings(_attention_rows, **settings)(
+            args, n, device, dtype, only=only, timer=timer
+        )
         return [{**r, "section": "tiles", "impl": f"{r['impl']} {tiles}{suffix}"} for r in rows]
 
     for spec in args.tiles:
@@ -1412,7 +1433,8 @@ def print_table(rows: list[dict]) -> None:
             diff = r.get("max_diff_vs_triton", r.get("max_diff_vs_sdpa"))
             print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} {queued:>17s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s} {'' if diff is None else f'{diff:.2e}':>13s}")  # fmt: skip
-    profiled = [r for r in rows if r["section"] == "profile"]
+    # the profile's rows, and a tile sweep's timed by kernel (--tile-timer profile)
+    profiled = [r for r in rows if r["section"] in ("profile", "tiles") and "fwd_bwd_kernels_ms" in r]
     if profiled:
         print("\nkernel time per call (ms, torch.profiler), the largest kernels first")
         print_profile(profiled)

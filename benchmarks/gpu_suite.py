@@ -27,7 +27,9 @@ each step's cap and what it decides):
    ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``, ``tiles-product-columns``: of the distance
    tables' product kernel with a block a program (`PRODUCT_PROGRAMS` "blocks", `PRODUCT_TILES`), with an
    address per element, with tensor-memory stores (`PRODUCT_STORES`), as a loop per row block
-   (`PRODUCT_ROW_TILES`) and as a loop per column block (the default, `PRODUCT_COLUMN_TILES`);
+   (`PRODUCT_ROW_TILES`) and as a loop per column block (the default, `PRODUCT_COLUMN_TILES`), and
+   ``tiles-fold-sums``, ``tiles-fold-product``: of the backward's fold kernels (`FOLD_SUMS_TILES`,
+   `FOLD_TILES`);
 8. ``dropout``, ``model``, ``latency``, ``long``: the other sections of `attention_gpu.py`.
 
 Each step runs as a child process in its own process group, its output in ``logs/<step>.log``. When its cap
@@ -141,6 +143,13 @@ PRODUCT_ROW_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "64x128w8s3", "128x64w8s3",
 # product kernel is 0.84 of the 4.87 ms forward+backward there (GPU time), so a 13 TFLOP/s spread is mostly
 # not its own: the configured shape stays until a profile times each shape
 PRODUCT_COLUMN_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "128x64w8s3", "64x128w8s3"]
+# the backward's fold kernels (`triton_backend.FOLD_TILES`, `FOLD_SUMS_TILES`, both 64x64 w4 s3, chosen
+# untimed): on an H200 the sums kernel took 0.371 ms at N = 2048 where its matmuls took 0.344, and the product
+# kernel 0.325 against 0.362 (`benchmarks/results/attention_gpu_h200_f3c1fc3_profile.json`). A wider column
+# block reads the sums' content rows fewer times; more stages hide more of the buffers' latency. Shapes that
+# compile for sm_90 without spills at every head dim, for both kernels, with 16-byte reads in their loops
+# (`python tests/attention/compile_triton_kernels.py --fold-sweep`)
+FOLD_SWEEP_TILES = ["64x64w4s3", "64x64w4s4", "64x128w8s3", "128x64w8s3", "128x128w8s3", "32x128w4s3"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -253,6 +262,24 @@ PRODUCT_SWEEP = [
     "2048",
     "--tiles",
 ]
+
+
+def _fold_sweep(kernel: str) -> list[str]:
+    """The tile sweep of one fold kernel at 512 (bands) and 2048 (one band), the other keeping its tiles, timed
+    by kernel (a fold kernel is 0.3-0.4 ms of a 4.8 ms call at 2048, less than rows' per-call times differ)."""
+    sweep = [
+        "--sections",
+        "tiles",
+        "--tile-timer",
+        "profile",
+        "--near-band",
+        "distance",
+        "--tile-kernels",
+        kernel,
+    ]
+    return [*sweep, "--lengths", "512", "2048", "--tiles", *FOLD_SWEEP_TILES]
+
+
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
     _bench(
@@ -306,6 +333,14 @@ PLAN = [
         "shapes of the product kernel's column loop (PRODUCT_PROGRAMS columns, PRODUCT_COLUMN_TILES)", 120, 60,
         *PRODUCT_SWEEP, *PRODUCT_COLUMN_SWEEP_TILES, "--product-programs", "columns",
         out="attention_gpu_tiles_product_columns.json",
+    ),
+    _bench(
+        "tiles-fold-sums", "tile shapes of the backward's fold sums kernel (FOLD_SUMS_TILES)", 120, 60,
+        *_fold_sweep("_fold_sums_kernel"), out="attention_gpu_tiles_fold_sums.json",
+    ),
+    _bench(
+        "tiles-fold-product", "tile shapes of the backward's fold product kernel (FOLD_TILES)", 120, 60,
+        *_fold_sweep("_fold_product_kernel"), out="attention_gpu_tiles_fold_product.json",
     ),
     _bench(
         "dropout", "the roads in training with dropout 0.1", 150, 60, "--sections", "dropout", *LENGTHS,

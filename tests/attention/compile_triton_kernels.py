@@ -20,6 +20,9 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
     python tests/attention/compile_triton_kernels.py --product-sweep  # and the distance tables' product at
                                                               # every shape of the GPU suite's sweep
                                                               # (`gpu_suite.PRODUCT_SWEEP_TILES`)
+    python tests/attention/compile_triton_kernels.py --fold-sweep  # and the fold kernels at every shape of
+                                                              # the GPU suite's sweep, both kernels
+                                                              # (`gpu_suite.FOLD_SWEEP_TILES`)
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compile the triton kernels for NVIDIA targets")
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--product-sweep", action="store_true")
+    parser.add_argument("--fold-sweep", action="store_true")
     args = parser.parse_args(argv)
     if triton.knobs.runtime.interpret:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
@@ -211,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         if tma and not c.ops["TMA"]:  # the inner tiles' tensor-memory stores
             no_tma.append(f"{name}: {c.ops}")
     # the backward's fold kernels (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": 16-bit buffers)
+    # (with --fold-sweep at the GPU suite's shapes too, both kernels)
     folds_unfit = []
-    for dtype, head_dim, sums in itertools.product(
-        ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), (False, True)
+    sweep = _fold_sweep() if args.fold_sweep else []
+    for dtype, head_dim, sums, swept in itertools.product(
+        ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), (False, True), [None, *sweep]
     ):
-        tiles = FOLD_SUMS_TILES if sums else FOLD_TILES
+        tiles = swept or (FOLD_SUMS_TILES if sums else FOLD_TILES)
         c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums)
         n += 1
         name = f"{'_fold_sums_kernel' if sums else '_fold_product_kernel'} {dtype} d{head_dim} {tiles}"
@@ -248,6 +254,16 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print(f"{title}:\n" + "\n".join(problems), file=sys.stderr)
     return 1 if any(problems for _, problems in checks) else 0
+
+
+def _fold_sweep() -> list:
+    """The fold kernels' shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than theirs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gpu_suite import FOLD_SWEEP_TILES
+
+    from debertakit.attention.triton_aot import Tiles
+
+    return [t for t in map(Tiles.parse, FOLD_SWEEP_TILES) if t not in (FOLD_TILES, FOLD_SUMS_TILES)]
 
 
 def _product_sweep() -> list:

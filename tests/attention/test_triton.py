@@ -2607,8 +2607,51 @@ def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monke
         assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
         assert getattr(triton_backend, name) == default and not triton_backend.TILE_OVERRIDES  # restored
     bad = [*args[:-1], "tables"]
-    with pytest.raises(SystemExit, match="its tables are the distance road's, not 'tables'"):
+    with pytest.raises(SystemExit, match="kernels of the distance road, not of 'tables'"):
         bench.main(bad)
+
+
+def test_gpu_benchmark_tile_sweep_of_the_fold_kernels(tmp_path, monkeypatch, capsys):
+    """``--tile-kernels _fold_product_kernel _fold_sums_kernel`` gives the swept shape to the backward's fold
+    kernels alone (`triton_backend.FOLD_TILES`, `FOLD_SUMS_TILES`), on the distance road at v3's buckets in
+    bfloat16 (N = 64: tables and gradients in bands, at the odd row stride the fold kernels serve), restored
+    after; the attention kernels keep their tiles; with ``--tile-timer profile`` the row's time is split by
+    kernel (printed as the profile's); on another road it is refused."""
+    import collections
+    import json
+
+    bench = _benchmark_module()
+    monkeypatch.setattr(bench, "PROFILE_CALLS", 1)  # one profiled call shows the split
+    seen = []
+    for name, tiles in (("_kernel_fold_product", "FOLD_TILES"), ("_kernel_fold_sums", "FOLD_SUMS_TILES")):
+        real = getattr(triton_backend, name)
+
+        def spy(*a, real=real, tiles=tiles):
+            seen.append((tiles, getattr(triton_backend, tiles), dict(triton_backend.TILE_OVERRIDES)))
+            return real(*a)
+
+        monkeypatch.setattr(triton_backend, name, spy)
+    defaults = triton_backend.FOLD_TILES, triton_backend.FOLD_SUMS_TILES
+    out = tmp_path / "tiles.json"
+    args = ["--smoke", "--sections", "tiles", "--lengths", "64", "--tiles", "32x128w4s3", "--out", str(out)]
+    args += ["--tile-timer", "profile"]
+    args += ["--tile-kernels", "_fold_product_kernel", "_fold_sums_kernel", "--near-band", "distance"]
+    assert bench.main(args) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["impl"] == "triton 32x128 w4 s3 distance (_fold_product_kernel, _fold_sums_kernel)"
+    assert row["fwd_bwd_kernels_ms"] and "fwd_bwd_queued_ms" not in row, row
+    assert "kernel time per call" in capsys.readouterr().out
+    # each kernel once a table (c2p, p2c) in each profiled forward+backward, at the swept shape, the attention
+    # kernels at theirs
+    assert {(t, tiles) for t, tiles, _ in seen} == {
+        (t, Tiles(32, 128, 4, 3)) for t in ("FOLD_TILES", "FOLD_SUMS_TILES")
+    }
+    assert not any(overrides for *_, overrides in seen)
+    launches = collections.Counter(t for t, *_ in seen)
+    assert launches == {"FOLD_TILES": 2, "FOLD_SUMS_TILES": 2}
+    assert (triton_backend.FOLD_TILES, triton_backend.FOLD_SUMS_TILES) == defaults  # restored
+    with pytest.raises(SystemExit, match="kernels of the distance road, not of 'tables'"):
+        bench.main([*args[:-1], "tables"])
 
 
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
