@@ -700,9 +700,8 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
 
     def measure(tiles, n: int) -> list[dict]:
         settings = dict(NEAR_BAND=args.near_band, TILE_OVERRIDES=dict.fromkeys(kernels, tiles))
-        if (
-            PRODUCT_KERNEL in others
-        ):  # the tiles of the kernel's programs as this run has them (--product-programs)
+        # the product kernel's tiles: those of its programs as this run has them (--product-programs)
+        if PRODUCT_KERNEL in others:
             programs = triton_backend.PRODUCT_PROGRAMS
             names = dict(rows="PRODUCT_ROW_TILES", columns="PRODUCT_COLUMN_TILES")
             settings[names.get(programs, "PRODUCT_TILES")] = tiles

@@ -42,6 +42,7 @@ from debertakit.attention import triton_kernels as K  # noqa: E402
 from debertakit.attention.triton_aot import (  # noqa: E402
     FLAGS,
     MMA_OPS,
+    Tiles,
     compile_fold_kernel,
     compile_kernel,
     compile_product_kernel,
@@ -256,30 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(problems for _, problems in checks) else 0
 
 
-def _fold_sweep() -> list:
-    """The fold kernels' shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than theirs."""
+def _gpu_suite():
+    """`benchmarks/gpu_suite.py`, whose tile sweeps the options compile."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from gpu_suite import FOLD_SWEEP_TILES
+    import gpu_suite
 
-    from debertakit.attention.triton_aot import Tiles
+    return gpu_suite
 
-    return [t for t in map(Tiles.parse, FOLD_SWEEP_TILES) if t not in (FOLD_TILES, FOLD_SUMS_TILES)]
+
+def _fold_sweep() -> list:
+    """The fold kernels' shapes that the GPU suite times, other than theirs."""
+    shapes = map(Tiles.parse, _gpu_suite().FOLD_SWEEP_TILES)
+    return [t for t in shapes if t not in (FOLD_TILES, FOLD_SUMS_TILES)]
 
 
 def _product_sweep() -> list:
-    """The product kernel's shapes that the GPU suite times (`benchmarks/gpu_suite.py`), other than its own, as
-    (tiles, programs)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from gpu_suite import PRODUCT_COLUMN_SWEEP_TILES, PRODUCT_ROW_SWEEP_TILES, PRODUCT_SWEEP_TILES
-
-    from debertakit.attention.triton_aot import Tiles
-
-    blocks = [(t, "blocks") for t in map(Tiles.parse, PRODUCT_SWEEP_TILES) if t != PRODUCT_TILES]
-    rows = [(t, "rows") for t in map(Tiles.parse, PRODUCT_ROW_SWEEP_TILES) if t != PRODUCT_ROW_TILES]
-    columns = [
-        (t, "columns") for t in map(Tiles.parse, PRODUCT_COLUMN_SWEEP_TILES) if t != PRODUCT_COLUMN_TILES
-    ]
-    return blocks + rows + columns
+    """The product kernel's shapes that the GPU suite times, other than its own, as (tiles, programs)."""
+    suite = _gpu_suite()
+    sweeps = (
+        (suite.PRODUCT_SWEEP_TILES, "blocks", PRODUCT_TILES),
+        (suite.PRODUCT_ROW_SWEEP_TILES, "rows", PRODUCT_ROW_TILES),
+        (suite.PRODUCT_COLUMN_SWEEP_TILES, "columns", PRODUCT_COLUMN_TILES),
+    )
+    return [(t, programs) for specs, programs, own in sweeps for t in map(Tiles.parse, specs) if t != own]
 
 
 if __name__ == "__main__":

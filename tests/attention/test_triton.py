@@ -4054,9 +4054,8 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
     assert bands == ([16, 16] if name == "wide_padding" else [0, 0] if road == "distance" else [])
 
     def ints(kernel: str, kwargs: dict) -> set[str]:
-        if kernel.startswith(
-            "_fold_"
-        ):  # `FOLD_ALIGNED`'s other integers are multiples of 16 at real shapes only
+        # the fold kernels' other integers of `FOLD_ALIGNED` are multiples of 16 at real shapes only
+        if kernel.startswith("_fold_"):
             return {"DW1"}
         return PRODUCT_ALIGNED if kernel == "_distance_product_kernel" else aligned_ints(kwargs)
 
