@@ -311,8 +311,6 @@ def compile_product_kernel(
     (``cp.async.bulk.tensor``). With ``row_loop`` a program runs over its row block's column blocks
     (`triton_backend.PRODUCT_PROGRAMS` "rows"), with ``col_loop`` over its column block's row blocks ("columns",
     `PRODUCT_COLUMN_GROUPS` of them): ``tile_loops`` then holds that loop."""
-    from triton.compiler import ASTSource
-
     from debertakit.attention import triton_products
     from debertakit.attention.triton_backend import PRODUCT_COLUMN_GROUPS
 
@@ -337,18 +335,28 @@ def compile_product_kernel(
         f"tensordesc<{dtype}[1, 1, {tiles.block_m}, {tiles.block_n}]>"  # `triton_backend._residue_descriptor`
     )
     pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype, OUT_DESC=box)
+    result, ptx = _compile_products_kernel(fn, constexprs, pointers, PRODUCT_ALIGNED, tiles, capability)
+    result.ops["TMA"] = ptx.count("cp.async.bulk.tensor")
+    return result
+
+
+def _compile_products_kernel(
+    fn, constexprs: dict, pointers: dict, aligned: set[str], tiles: Tiles, capability: int
+) -> tuple[Compiled, str]:
+    """A `triton_products` kernel compiled for ``sm_<capability>``: ``pointers`` the types of its pointer
+    arguments, ``alpha`` a float, every other argument an int32, those of ``aligned`` told multiples of 16.
+    Returns it read as `inspect_compiled` reads a kernel, and its PTX."""
+    from triton.compiler import ASTSource
+
     sig = {
         name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
         for name in fn.arg_names
     }
-    attrs = {
-        (i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in PRODUCT_ALIGNED
-    }
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    compiled = compile_source(src, tiles.options, capability)
-    result = inspect_compiled(fn.__name__, compiled)
-    result.ops["TMA"] = compiled.asm["ptx"].count("cp.async.bulk.tensor")
-    return result
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
+    compiled = compile_source(
+        ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), tiles.options, capability
+    )
+    return inspect_compiled(fn.__name__, compiled), compiled.asm["ptx"]
 
 
 # what the fold kernels' launches (`triton_backend._kernel_fold_product`, `_kernel_fold_sums`) pass as
@@ -385,8 +393,6 @@ def compile_fold_kernel(
     pipelined loop, ``cp.async`` of 16 bytes) and ``ops["LDG.ELEM"]`` its loads of one 16-bit element
     (``ld.global.b16``): the buffer's whole blocks are read 16 bytes at a time, the last block of each row
     (masked by column too) element by element."""
-    from triton.compiler import ASTSource
-
     from debertakit.attention import triton_products
 
     fn = triton_products._fold_sums_kernel if sums else triton_products._fold_product_kernel
@@ -396,16 +402,7 @@ def compile_fold_kernel(
     pointers = dict(
         DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype, CONTENT="*" + dtype, PER_CLASS="*fp32"
     )
-    sig = {
-        name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name == "alpha" else "i32")
-        for name in fn.arg_names
-    }
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in FOLD_ALIGNED}
-    compiled = compile_source(
-        ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), tiles.options, capability
-    )
-    result = inspect_compiled(fn.__name__, compiled)
-    ptx = compiled.asm["ptx"]
+    result, ptx = _compile_products_kernel(fn, constexprs, pointers, FOLD_ALIGNED, tiles, capability)
     async16 = re.findall(r"cp\.async\.\w+\.shared\.global .*, 0x10", ptx)
     result.ops["LDG.V4"] = ptx.count("ld.global.v4") + len(async16)
     result.ops["LDG.ELEM"] = ptx.count("ld.global.b16")

@@ -1383,6 +1383,8 @@ def _residue_folds(
     is cell c - s. It meets table row c - s: the rows padded with 7 zero rows either side and sliced from 7 -
     s (a view). Its per-cell sums are written apart, class beside class, and summed into cells after
     (`_class_sums`): accumulating the classes into one float32 output would read and write it eight times."""
+    if rows is None and content is None:  # both folds by the kernels: no class to read here
+        return None, None
     groups, m, _ = dist.shape
     pad = RESIDUES - 1
     if rows is not None:

@@ -289,6 +289,12 @@ def test_kernels_get_only_the_table_rows_short_inputs_index(monkeypatch):
         assert torch.equal(full[:, lo:hi], part)
 
 
+def _set_backend(monkeypatch, settings: dict) -> None:
+    """Sets `triton_backend`'s module settings ``settings`` (name: value) for the test."""
+    for name, value in settings.items():
+        monkeypatch.setattr(triton_backend, name, value)
+
+
 def _count_calls(monkeypatch, *names: str) -> Counter:
     """Counts the calls of `triton_backend`'s functions ``names`` (by name) from here on, running each."""
     calls = Counter()
@@ -2233,11 +2239,9 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n)
     and the call within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
-    for setting, mode in FOLD_MATMULS.items():
-        monkeypatch.setattr(triton_backend, setting, mode)
+    _set_backend(monkeypatch, FOLD_MATMULS)
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
-    for setting, mode in FOLD_KERNELS["both"].items():
-        monkeypatch.setattr(triton_backend, setting, mode)
+    _set_backend(monkeypatch, FOLD_KERNELS["both"])
     compiled = _record_compiled(monkeypatch)  # the tables' product kernel's launches and the fold kernels'
     out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     folds = [k.asm["ptx"] for k in compiled if "_fold_" in k.asm["ptx"]]
@@ -3460,13 +3464,11 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, 
     case = FOLD_CASES[name]
     bands = _distance_bands(monkeypatch, 16)
     inputs = _inputs(case, torch.bfloat16, DEVICE)
-    for setting, mode in FOLD_MATMULS.items():
-        monkeypatch.setattr(triton_backend, setting, mode)
+    _set_backend(monkeypatch, FOLD_MATMULS)
     want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     assert all(bands) == name.startswith("banded")
     launched = _count_calls(monkeypatch, "_kernel_fold_product", "_kernel_fold_sums")
-    for setting, mode in FOLD_KERNELS[kernels].items():
-        monkeypatch.setattr(triton_backend, setting, mode)
+    _set_backend(monkeypatch, FOLD_KERNELS[kernels])
     out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     tables = case.terms.c2p + case.terms.p2c
     assert launched["_kernel_fold_product"] == (tables if kernels != "sums" else 0)
