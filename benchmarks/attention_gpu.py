@@ -192,7 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("blocks", "rows", "columns"),
         help="the product kernel's programs in every row (triton_backend.PRODUCT_PROGRAMS; default: the "
         "backend's); with rows or columns, the tile sweep of _distance_product_kernel sets PRODUCT_ROW_TILES or "
-        "PRODUCT_COLUMN_TILES",
+        "PRODUCT_COLUMN_TILES and PRODUCT_NARROW_COLUMN_TILES",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument(
@@ -669,7 +669,7 @@ def parse_tiles(spec: str):
 # the distance tables' product kernel (`triton_products`): ``--tile-kernels`` may name it beside the attention
 # kernels; its tiles are `triton_backend.PRODUCT_TILES` (stages unused: the kernel has no loop), or with
 # `--product-programs rows` `PRODUCT_ROW_TILES` (whose stages pipeline the row's loop), with `columns`
-# `PRODUCT_COLUMN_TILES`
+# `PRODUCT_COLUMN_TILES` and `PRODUCT_NARROW_COLUMN_TILES` (the swept shape at every table width)
 PRODUCT_KERNEL = "_distance_product_kernel"
 # and the backward's fold kernels (`triton_products`, 16-bit inputs), by the setting of `triton_backend` that
 # holds each one's tiles
@@ -703,8 +703,10 @@ def tiles_section(args, device: str, dtype) -> Iterator[Unit]:
         # the product kernel's tiles: those of its programs as this run has them (--product-programs)
         if PRODUCT_KERNEL in others:
             programs = triton_backend.PRODUCT_PROGRAMS
-            names = dict(rows="PRODUCT_ROW_TILES", columns="PRODUCT_COLUMN_TILES")
-            settings[names.get(programs, "PRODUCT_TILES")] = tiles
+            names = dict(
+                rows=["PRODUCT_ROW_TILES"], columns=["PRODUCT_COLUMN_TILES", "PRODUCT_NARROW_COLUMN_TILES"]
+            )
+            settings.update(dict.fromkeys(names.get(programs, ["PRODUCT_TILES"]), tiles))  # at every width
         settings.update({FOLD_KERNEL_TILES[k]: tiles for k in others if k in FOLD_KERNEL_TILES})
         # with position terms, and where the attention kernels take the tiles the same tiles' plain-attention
         # ceiling (the plain row builds no distance table)

@@ -141,8 +141,18 @@ PRODUCT_ROW_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "64x128w8s3", "128x64w8s3",
 # (`benchmarks/results/attention_gpu_h200_16dabb5_tiles_product_columns.json`), forward at N = 2048 83.7
 # TFLOP/s against 87.4, 84.4 and 87.4, forward+backward 59.3 against 56.6, 63.2 and 72.8 (64x128 w8 s3). The
 # product kernel is 0.84 of the 4.87 ms forward+backward there (GPU time), so a 13 TFLOP/s spread is mostly
-# not its own: the configured shape stays until a profile times each shape
-PRODUCT_COLUMN_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "128x64w8s3", "64x128w8s3"]
+# not its own: the product sweeps are timed by kernel (`--tile-timer profile`) since. Wider blocks store more
+# bytes a loop step: a program's steps wait on their products' and stores' latency (`triton_products`), and at
+# 2048 the kernel wrote its two 0.48 GB tables at about 2.3 TB/s (0.41 ms of the forward's 1.17; f3c1fc3's
+# profile)
+PRODUCT_COLUMN_SWEEP_TILES = [
+    "64x64w4s3",
+    "64x64w4s2",
+    "64x128w8s3",
+    "64x128w4s3",
+    "64x256w8s3",
+    "128x128w8s3",
+]
 # the backward's fold kernels (`triton_backend.FOLD_TILES`, `FOLD_SUMS_TILES`, both 64x64 w4 s3, chosen
 # untimed): on an H200 the sums kernel took 0.371 ms at N = 2048 where its matmuls took 0.344, and the product
 # kernel 0.325 against 0.362 (`benchmarks/results/attention_gpu_h200_f3c1fc3_profile.json`). A wider column
@@ -253,6 +263,8 @@ DISTANCE_TILES = [
 PRODUCT_SWEEP = [
     "--sections",
     "tiles",
+    "--tile-timer",
+    "profile",
     "--near-band",
     "distance",
     "--tile-kernels",

@@ -531,7 +531,18 @@ PRODUCT_STORES = "pointers"
 # `attention_gpu_h200_16dabb5_profile.json`). Head dims other than 64 are compiled, not timed.
 PRODUCT_PROGRAMS_MODES = ("blocks", "rows", "columns")
 PRODUCT_PROGRAMS = "columns"
-PRODUCT_COLUMN_TILES = Tiles(64, 64, 4, 3)  # (the row loop's shape and stages)
+# The column loop's tiles (its shape and the stages of its loop over row blocks), by the table's row width:
+# wider blocks store more bytes a loop step, and ncu found the kernel issue-bound (64.7% of issue slots busy at
+# 64x64 w4 s3, integer address arithmetic the top stall: IMAD 30% of the samples; N = 2048, H200,
+# `benchmarks/results/attention_ncu_h200_<commit>.md`), but a row's last block is padded to the block's width.
+# Timed by kernel on an H200 (GPU time of a forward's two tables; `benchmarks/results/
+# attention_gpu_h200_6ac7b47_tiles_product_columns.json`): at N = 2048 (one band, 1217 cells a row) 64x256 w8
+# s3 0.369 ms against 0.439 for 64x64 w4 s3 and 0.381 for 64x128 w4 s3; at 512 (64-row bands, 577 cells)
+# 64x128 w4 s3 0.199 against 0.226 and 0.221 for 64x256 w8 s3, whose blocks pad a row's 585 columns to 768.
+# Both compile for sm_90 without spills at every head dim (tests/attention/compile_triton_kernels.py).
+PRODUCT_COLUMN_TILES = Tiles(64, 256, 8, 3)  # tables of PRODUCT_WIDE_CELLS cells a row or more
+PRODUCT_NARROW_COLUMN_TILES = Tiles(64, 128, 4, 3)  # narrower ones
+PRODUCT_WIDE_CELLS = 1024
 PRODUCT_COLUMN_GROUPS = 8  # row blocks per "columns" program: at v3's N = 2048 7680 programs of 8 blocks
 # How the product kernel stores the ends of each row (`triton_products`): "wrap", 16 bytes at a time like the
 # rest, the cells a block reaches outside its row computed for the row they belong to (each cell written once),
@@ -545,6 +556,15 @@ PRODUCT_EDGES = "wrap"
 # with three Triton loads the table rows by asynchronous copies). Compiles for sm_90 without spills at head dims
 # 16 to 128 under Triton 3.6 and 3.9 (tests/attention/compile_triton_kernels.py)
 PRODUCT_ROW_TILES = Tiles(64, 64, 4, 3)
+
+
+def _product_tiles(width: int) -> Tiles:
+    """The product kernel's tiles for its programs (`PRODUCT_PROGRAMS`) and a table of ``width`` cells a row."""
+    if PRODUCT_PROGRAMS == "rows":
+        return PRODUCT_ROW_TILES
+    if PRODUCT_PROGRAMS == "blocks":
+        return PRODUCT_TILES
+    return PRODUCT_COLUMN_TILES if width >= PRODUCT_WIDE_CELLS else PRODUCT_NARROW_COLUMN_TILES
 
 
 def _tma_stores(heads: Tensor, m: int, vec: int) -> bool:
@@ -614,7 +634,7 @@ def _kernel_band_product(
     _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
     _check_mode("PRODUCT_EDGES", PRODUCT_EDGES, PRODUCT_EDGES_MODES)
     row_loop, col_loop = PRODUCT_PROGRAMS == "rows", PRODUCT_PROGRAMS == "columns"
-    t = PRODUCT_ROW_TILES if row_loop else PRODUCT_COLUMN_TILES if col_loop else PRODUCT_TILES
+    t = _product_tiles(width)
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
     tma = _tma_stores(heads, m, vec)
     # "wrap" reads row m - 1 as the token before row m's: rows per band a multiple of vec (always, as laid out)

@@ -55,6 +55,7 @@ from debertakit.attention.triton_backend import (  # noqa: E402
     GPU_TIMED,
     KERNEL_NAMES,
     PRODUCT_COLUMN_TILES,
+    PRODUCT_NARROW_COLUMN_TILES,
     PRODUCT_ROW_TILES,
     PRODUCT_TILES,
     TRITON_TENSOR_CORES,
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     # and the three kinds of programs (`PRODUCT_PROGRAMS`: a block each, or a row block or a column block each
     # with a loop), the rows' ends stored both ways (`PRODUCT_EDGES`: "wrap" has no element store left)
     products, scalar_stores, element_stores, no_tma, no_loop = [], [], [], [], []
-    shapes = [(PRODUCT_TILES, "blocks"), (PRODUCT_ROW_TILES, "rows"), (PRODUCT_COLUMN_TILES, "columns")]
+    shapes = [(PRODUCT_TILES, "blocks"), (PRODUCT_ROW_TILES, "rows")]
+    shapes += [(PRODUCT_COLUMN_TILES, "columns"), (PRODUCT_NARROW_COLUMN_TILES, "columns")]
     if args.product_sweep:
         shapes += _product_sweep()
     for (tiles, programs), dtype, head_dim, tma, wrap in itertools.product(
@@ -275,11 +277,11 @@ def _product_sweep() -> list:
     """The product kernel's shapes that the GPU suite times, other than its own, as (tiles, programs)."""
     suite = _gpu_suite()
     sweeps = (
-        (suite.PRODUCT_SWEEP_TILES, "blocks", PRODUCT_TILES),
-        (suite.PRODUCT_ROW_SWEEP_TILES, "rows", PRODUCT_ROW_TILES),
-        (suite.PRODUCT_COLUMN_SWEEP_TILES, "columns", PRODUCT_COLUMN_TILES),
+        (suite.PRODUCT_SWEEP_TILES, "blocks", (PRODUCT_TILES,)),
+        (suite.PRODUCT_ROW_SWEEP_TILES, "rows", (PRODUCT_ROW_TILES,)),
+        (suite.PRODUCT_COLUMN_SWEEP_TILES, "columns", (PRODUCT_COLUMN_TILES, PRODUCT_NARROW_COLUMN_TILES)),
     )
-    return [(t, programs) for specs, programs, own in sweeps for t in map(Tiles.parse, specs) if t != own]
+    return [(t, programs) for specs, programs, own in sweeps for t in map(Tiles.parse, specs) if t not in own]
 
 
 if __name__ == "__main__":

@@ -1432,6 +1432,53 @@ def test_column_programs_split_their_row_blocks_into_runs(monkeypatch, name, gro
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
 @pytest.mark.parametrize("name", list(PRODUCT_GRID))
+def test_wide_column_tiles_write_the_matmuls_table(monkeypatch, name):
+    """The column loop's tiles of wide tables (`PRODUCT_COLUMN_TILES`, for rows of `PRODUCT_WIDE_CELLS` cells or
+    more, which the grid's short inputs do not reach) given to every case's table write the matmul's table, bit
+    for bit, every cell (the poison)."""
+    from debertakit.attention.triton_access import record_run
+
+    heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID[name], torch.bfloat16)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cublas")
+    want = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "triton")
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "columns")
+    monkeypatch.setattr(triton_backend, "PRODUCT_WIDE_CELLS", 0)
+    with record_run("triton_products.py") as (_, launches):
+        got = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
+    kwargs = launches["_distance_product_kernel"][1]
+    wide = triton_backend.PRODUCT_COLUMN_TILES
+    assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"]) == (wide.block_m, wide.block_n)
+    assert not got.isnan().any() and torch.equal(got, want)
+
+
+def test_product_tiles_follow_the_tables_width(monkeypatch):
+    """The column loop takes `PRODUCT_COLUMN_TILES` for rows of `PRODUCT_WIDE_CELLS` cells or more and the
+    narrower blocks below: at v3's buckets on a GPU (64x32 attention tiles, sat 512) the one band of N = 2048
+    (1217 cells) the wide ones, the 64-row bands of 512 (577 cells) the narrow; the other programs keep their
+    one shape."""
+    wide, narrow = triton_backend.PRODUCT_COLUMN_TILES, triton_backend.PRODUCT_NARROW_COLUMN_TILES
+    assert wide.block_n > narrow.block_n
+    edge = triton_backend.PRODUCT_WIDE_CELLS
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", "columns")
+    assert triton_backend._product_tiles(edge) == wide
+    assert triton_backend._product_tiles(edge - 1) == narrow
+    tiles = [Tiles(64, 32, 4, 2)] * 3
+    for n, far, served in ((2048, True, wide), (512, False, narrow)):
+        band, bands, width = triton_backend._distance_layout(512, n, n, tiles, far, 64, 16384 // n)
+        assert (band > 0) == (not far) and triton_backend._product_tiles(width) == served
+    for programs, own in (("rows", "PRODUCT_ROW_TILES"), ("blocks", "PRODUCT_TILES")):
+        monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+        assert (
+            triton_backend._product_tiles(edge)
+            == triton_backend._product_tiles(1)
+            == getattr(triton_backend, own)
+        )
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("name", list(PRODUCT_GRID))
 @pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
 def test_product_edges_masked_write_the_wrapped_table(monkeypatch, name, programs):
     """`PRODUCT_EDGES` "masked" (each row's first and last block stored element by element, the cells outside
@@ -1472,10 +1519,7 @@ def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monke
     monkeypatch.setattr(triton_backend, "_residue_descriptor", lambda out, *a: real(elsewhere, *a))
     split = triton_backend._band_product(heads, table, cells, B, n, band, 0.7, 8)
 
-    tiles = dict(rows=triton_backend.PRODUCT_ROW_TILES, columns=triton_backend.PRODUCT_COLUMN_TILES).get(
-        programs, triton_backend.PRODUCT_TILES
-    )
-    R, block = width - 1, tiles.block_n
+    R, block = width - 1, triton_backend._product_tiles(width).block_n
     inner = torch.zeros(rows, width, dtype=torch.bool)
     for m in range(rows):
         s = m % 8
@@ -2577,7 +2621,8 @@ def test_gpu_benchmark_tile_sweep_of_one_kernel_on_the_skewed_road(tmp_path, mon
 def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monkeypatch):
     """``--tile-kernels _distance_product_kernel`` gives the swept shape to the distance tables' product kernel
     only, on the distance road, as the tiles of the programs it runs (`triton_backend.PRODUCT_PROGRAMS`, set
-    for the whole run by ``--product-programs``): `PRODUCT_COLUMN_TILES` for the default's column loop,
+    for the whole run by ``--product-programs``): `PRODUCT_COLUMN_TILES` and `PRODUCT_NARROW_COLUMN_TILES` (the
+    swept shape at every table width) for the default's column loop,
     `PRODUCT_TILES` for a block a program, `PRODUCT_ROW_TILES` for the row loop; on another road it is
     refused."""
     import json
@@ -2588,17 +2633,19 @@ def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monke
     args = ["--smoke", "--sections", "tiles", "--lengths", "16", "--tiles", "32x128w4s1", "--out", str(out)]
     args += ["--tile-kernels", "_distance_product_kernel", "--near-band", "distance"]
     monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", triton_backend.PRODUCT_PROGRAMS)  # restored after
-    for programs, name in (
-        (None, "PRODUCT_COLUMN_TILES"),
-        ("blocks", "PRODUCT_TILES"),
-        ("rows", "PRODUCT_ROW_TILES"),
+    for programs, names in (
+        (None, ("PRODUCT_COLUMN_TILES", "PRODUCT_NARROW_COLUMN_TILES")),
+        ("blocks", ("PRODUCT_TILES",)),
+        ("rows", ("PRODUCT_ROW_TILES",)),
     ):
         seen.clear()
-        default = getattr(triton_backend, name)
+        defaults = [getattr(triton_backend, name) for name in names]
 
-        def spy(*a, name=name):
-            seen.append(getattr(triton_backend, name))
-            return real(*a)
+        def spy(heads, table, cells, *a):
+            seen.append(
+                triton_backend._product_tiles(cells.shape[1])
+            )  # the tiles the kernel is launched with
+            return real(heads, table, cells, *a)
 
         monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
         assert bench.main(args if programs is None else [*args, "--product-programs", programs]) == 0
@@ -2609,7 +2656,8 @@ def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monke
         assert "fwd_ms" in result["rows"][0]
         assert result["environment"]["product_programs"] == (programs or "columns")
         assert seen and set(seen) == {Tiles(32, 128, 4, 1)}  # both tables, forward and backward
-        assert getattr(triton_backend, name) == default and not triton_backend.TILE_OVERRIDES  # restored
+        assert [getattr(triton_backend, name) for name in names] == defaults  # restored
+        assert not triton_backend.TILE_OVERRIDES
     bad = [*args[:-1], "tables"]
     with pytest.raises(SystemExit, match="kernels of the distance road, not of 'tables'"):
         bench.main(bad)
