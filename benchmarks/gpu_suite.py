@@ -41,12 +41,14 @@ model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; READ
 H200, 2026-11-27: environment 19 s, targets 110 with 12 rows, profile 29, gpu-tests 279 (121 tests),
 tiles-product-columns 32; "fourth lease"; on an H200, 2026-11-27 again: environment 6–16 s, targets 137 with 13
 rows timed per call and queued, profile 31, gpu-tests 289 (123 tests, so its cap went from 300 s to 360);
-"fifth lease"). The benchmark scripts are given ``--budget-s`` a margin short of the
-time they have, so that they stop between units and keep everything measured (their results files are rewritten after
-each unit); a unit stopped all the same (an ncu profile may take longer than the margin) loses only itself.
-``--smoke`` runs each step's smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests
-collected, not run; the ncu profile has none), to check the plan before a lease. After each step, ``--out``
-receives three files (written atomically):
+"fifth lease"; and a third time: environment 16–18 s, tiles-product-columns 40 with 6 shapes timed by kernel,
+tiles-fold-sums 20, targets 150 with 15 rows, profile 40, gpu-tests 68 for 30 tests; "sixth lease"). The
+benchmark scripts are given ``--budget-s`` a margin short of the time they have, so that they stop between
+units and keep everything measured (their results files are rewritten after each unit); a unit stopped all
+the same (an ncu profile may take longer than the margin) loses only itself. ``--smoke`` runs each step's
+smoke form on the CPU (tiny shapes, Triton's interpreter; the GPU tests collected, not run; the ncu profile
+has none), to check the plan before a lease. After each step, ``--out`` receives three files (written
+atomically):
 
 * ``gpu_suite.md`` / ``gpu_suite.json``: per step its command, exit status, seconds, whether it was stopped or
   not started, and the end of its log when it failed; then the target checks (``verdicts``) of each results

@@ -534,7 +534,7 @@ PRODUCT_PROGRAMS = "columns"
 # The column loop's tiles (its shape and the stages of its loop over row blocks), by the table's row width:
 # wider blocks store more bytes a loop step, and ncu found the kernel issue-bound (64.7% of issue slots busy at
 # 64x64 w4 s3, integer address arithmetic the top stall: IMAD 30% of the samples; N = 2048, H200,
-# `benchmarks/results/attention_ncu_h200_<commit>.md`), but a row's last block is padded to the block's width.
+# `benchmarks/results/attention_ncu_h200_6ac7b47.md`), but a row's last block is padded to the block's width.
 # Timed by kernel on an H200 (GPU time of a forward's two tables; `benchmarks/results/
 # attention_gpu_h200_6ac7b47_tiles_product_columns.json`): at N = 2048 (one band, 1217 cells a row) 64x256 w8
 # s3 0.369 ms against 0.439 for 64x64 w4 s3 and 0.381 for 64x128 w4 s3; at 512 (64-row bands, 577 cells)
