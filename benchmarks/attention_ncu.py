@@ -277,6 +277,12 @@ KEPT = {
     "ldgsts_requests": "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum",
     "ldgsts_sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum",
     "shared_bank_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    # what a kernel that mostly writes (the distance tables' product) is held by: the memory's and L2's share of
+    # their peak, and the sectors a global store touches per request (16-byte stores of a warp: 16 at best)
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "l2_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "st_requests": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+    "st_sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
 }
 # the warp states, cycles per issued instruction: smsp__average_warps_issue_stalled_<reason>_per_issue_active
 _STALL = re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
@@ -459,6 +465,14 @@ def _fmt_bytes(x: float | None) -> str:
     return "—" if x is None else f"{x / 1e6:.0f} MB"
 
 
+def _write_rate(k: dict) -> str:
+    """A kernel's DRAM writes and their rate over its duration (ncu's clocks: lower than a timed run's)."""
+    written, us = k.get("dram_write_bytes"), k["us"]
+    if written is None or not us:
+        return _fmt_bytes(written)
+    return f"{_fmt_bytes(written)} ({written / us / 1e6:.2f} TB/s)"
+
+
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
@@ -467,25 +481,28 @@ def table(results: list[dict]) -> str:
     """Markdown: one line per kernel, then per kernel its top stall reasons, opcodes and loops."""
     lines = [
         "| impl | N | kernel | µs | regs | occupancy % | issue % | tensor % | LDGSTS sectors / request "
-        "| LDG sectors / request | DRAM read | top stalls (cycles per issue) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| LDG sectors / request | DRAM read | STG sectors / request | DRAM write | DRAM / L2 % of peak "
+        "| top stalls (cycles per issue) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     details = []
     for r in results:
         name = _name(r["impl"], r.get("tiles"))
         if "error" in r:
-            lines.append(f"| {name} | {r['n']} | error: {r['error'][:160]} | | | | | | | | | |")
+            lines.append(f"| {name} | {r['n']} | error: {r['error'][:160]} | | | | | | | | | | | | |")
             continue
         for k in r["kernels"]:
             ratio = {
-                kind: (k[f"{kind}_sectors"] / k[f"{kind}_requests"]) if k[f"{kind}_requests"] else None
-                for kind in ("ldgsts", "ld")
+                # (.get: summaries written before a metric was kept lack it)
+                kind: (k[f"{kind}_sectors"] / k[f"{kind}_requests"]) if k.get(f"{kind}_requests") else None
+                for kind in ("ldgsts", "ld", "st")
             }
             stalls = ", ".join(f"{why} {v:.1f}" for why, v in list(k["stalls"].items())[:TOP_STALLS])
             lines.append(
                 f"| {name} | {r['n']} | {k['kernel'][:40]} | {_fmt(k['us'])} | {_fmt(k['registers'], 0)} "
                 f"| {_fmt(k['occupancy_pct'])} | {_fmt(k['issue_active_pct'])} | {_fmt(k['tensor_pipe_pct'])} "
                 f"| {_fmt(ratio['ldgsts'])} | {_fmt(ratio['ld'])} | {_fmt_bytes(k['dram_read_bytes'])} "
+                f"| {_fmt(ratio['st'])} | {_write_rate(k)} | {_fmt(k.get('dram_pct'))} / {_fmt(k.get('l2_pct'))} "
                 f"| {stalls or '—'} |"
             )
             src = k.get("source")

@@ -21,7 +21,9 @@ each step's cap and what it decides):
    pytest-xdist imports: the grid at real sizes on every road; the served model's CUDA graphs);
 5. ``ncu``: `attention_ncu.py`, where the time goes at N = 512 (every tile near) and 2048 (near and far tiles)
    (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
-   is the code's correctness on a GPU and where its time goes);
+   is the code's correctness on a GPU and where its time goes); ``ncu-product``: the distance tables' product
+   kernel alone at both lengths (its DRAM writes and their rate, the memory's and L2's share of peak, the
+   stores' sectors per request);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
 7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`), and
    ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``, ``tiles-product-columns``: of the distance
@@ -225,6 +227,23 @@ def _ncu(work: Path, seconds: float, smoke: bool) -> list[str] | None:
     )  # fmt: skip
 
 
+def _ncu_product(work: Path, seconds: float, smoke: bool) -> list[str] | None:
+    if smoke:
+        return None
+    return _python(
+        f"{BENCH}/attention_ncu.py",
+        "--impls", "triton",
+        # the distance tables' product alone (four launches a forward+backward), at its two tile shapes: what
+        # holds it at 2.6 TB/s of the H200's 4.8 where a tenth fewer instructions changed nothing (sixth lease)
+        "--kernels", "_distance_product_kernel",
+        "--lengths", "512", "2048",
+        "--timeout-s", "120",
+        "--budget-s", _script_budget(seconds),
+        "--raw-dir", str(work / "ncu_product_pages"),
+        "--out", str(work / "attention_ncu_product.json"),
+    )  # fmt: skip
+
+
 # Processes for the GPU tests where pytest-xdist imports (the GPU image has it): a test's time is mostly Triton
 # compiling its kernels on one core (26 of the 108 tests in 225 s on an H200, 34 in 300 s on an H100, one process),
 # and the machines have 16 cores. Four, not more: under `-n 8` six tests once ran out of GPU memory beside each
@@ -315,6 +334,10 @@ PLAN = [
         120,
     ),
     Step("ncu", "what the kernels wait on at N = 512 (near tiles) and 2048 (both)", _ncu, 240, 100, budgeted=True),
+    Step(
+        "ncu-product", "what the tables' product kernel is held by (memory, L2, stores, issue) at 512 and 2048",
+        _ncu_product, 150, 70, budgeted=True,
+    ),
     _bench(
         "folds",
         "the backward's four fold products at the padded row stride and the unpadded one: whether it pays",

@@ -73,6 +73,33 @@ def test_summary_orders_the_stalls_and_takes_the_busiest_tensor_pipe():
     assert fwd["ld_requests"] is None  # not collected: None, not an error
 
 
+def test_summary_shows_what_a_writing_kernel_is_held_by():
+    """For a kernel that mostly writes (the distance tables' product): the global stores' sectors per request,
+    the DRAM bytes written and their rate over the kernel's duration, and the memory's and L2's share of their
+    peak, in the summary and in the Markdown table; a summary without them (an older results file) prints
+    dashes."""
+    ncu = _module()
+    raw = textwrap.dedent(
+        """\
+        "ID","Kernel Name","gpu__time_duration.sum","dram__bytes_write.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed","lts__throughput.avg.pct_of_peak_sustained_elapsed","l1tex__t_requests_pipe_lsu_mem_global_op_st.sum","l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"
+        "","","us","Mbyte","%","%","",""
+        "0","_distance_product_kernel","253.5","453.4","37.2","45.6","1,000","17,000"
+        """
+    )
+    (k,) = ncu.summarize(ncu.parse_raw(raw), [])
+    assert k["dram_write_bytes"] == pytest.approx(453.4e6)
+    assert (k["dram_pct"], k["l2_pct"]) == (37.2, 45.6)
+    assert k["st_sectors"] / k["st_requests"] == 17.0
+    md = ncu.table([{"impl": "triton", "n": 2048, "kernels": [k]}])
+    row = next(line for line in md.splitlines() if "_distance_product_kernel" in line)
+    assert "| 17.0 | 453 MB (1.79 TB/s) | 37.2 / 45.6 |" in row
+    assert row.count("|") == md.splitlines()[0].count("|")  # a cell per column
+    old = {key: v for key, v in k.items() if key not in ("dram_pct", "l2_pct", "st_requests", "st_sectors")}
+    assert "| — | 453 MB (1.79 TB/s) | — / — |" in ncu.table(
+        [{"impl": "triton", "n": 2048, "kernels": [old]}]
+    )
+
+
 def test_source_page_sums_the_stall_samples_per_opcode_and_per_loop_over_tiles():
     ncu = _module()
     fwd, dq = ncu.parse_source(SOURCE)
