@@ -211,37 +211,40 @@ def _bench(name: str, why: str, cap_s: float, min_s: float, *args: str, out: str
     return Step(name, why, _attention_gpu(*args, out=out), cap_s, min_s, budgeted=True)
 
 
-def _ncu(work: Path, seconds: float, smoke: bool) -> list[str] | None:
-    if smoke:  # a profile needs a GPU's counters (the script's tests run it against a stand-in for ncu)
-        return None
-    return _python(
-        f"{BENCH}/attention_ncu.py",
-        "--impls", "triton", "triton tables", "sdpa (no position terms)",
-        # 2048, where the targets fail, since the H100 lease: 8192 met them, and dQ took 3.25 ms at 2048 against
-        # dK/dV's 1.72 (`benchmarks/results/attention_gpu_h100.json`, profile)
-        "--lengths", "512", "2048",
-        "--timeout-s", "150",
-        "--budget-s", _script_budget(seconds),
-        "--raw-dir", str(work / "ncu_pages"),
-        "--out", str(work / "attention_ncu.json"),
-    )  # fmt: skip
+def _attention_ncu(*args: str, timeout_s: int, name: str) -> Callable[[Path, float, bool], list[str] | None]:
+    """A step running `attention_ncu.py` with ``args``, its pages and results named by ``name`` in the working
+    folder. No smoke form: a profile needs a GPU's counters (the script's tests run it against a stand-in)."""
+
+    def argv(work: Path, seconds: float, smoke: bool) -> list[str] | None:
+        if smoke:
+            return None
+        return _python(
+            f"{BENCH}/attention_ncu.py",
+            *args,
+            "--timeout-s", str(timeout_s),
+            "--budget-s", _script_budget(seconds),
+            "--raw-dir", str(work / f"{name}_pages"),
+            "--out", str(work / f"attention_{name}.json"),
+        )  # fmt: skip
+
+    return argv
 
 
-def _ncu_product(work: Path, seconds: float, smoke: bool) -> list[str] | None:
-    if smoke:
-        return None
-    return _python(
-        f"{BENCH}/attention_ncu.py",
-        "--impls", "triton",
-        # the distance tables' product alone (four launches a forward+backward), at its two tile shapes: what
-        # holds it at 2.6 TB/s of the H200's 4.8 where a tenth fewer instructions changed nothing (sixth lease)
-        "--kernels", "_distance_product_kernel",
-        "--lengths", "512", "2048",
-        "--timeout-s", "120",
-        "--budget-s", _script_budget(seconds),
-        "--raw-dir", str(work / "ncu_product_pages"),
-        "--out", str(work / "attention_ncu_product.json"),
-    )  # fmt: skip
+_ncu = _attention_ncu(
+    "--impls", "triton", "triton tables", "sdpa (no position terms)",
+    # 2048, where the targets fail, since the H100 lease: 8192 met them, and dQ took 3.25 ms at 2048 against
+    # dK/dV's 1.72 (`benchmarks/results/attention_gpu_h100.json`, profile)
+    "--lengths", "512", "2048",
+    timeout_s=150, name="ncu",
+)  # fmt: skip
+_ncu_product = _attention_ncu(
+    "--impls", "triton",
+    # the distance tables' product alone (four launches a forward+backward), at its two tile shapes: what holds
+    # it at 2.6 TB/s of the H200's 4.8 where a tenth fewer instructions changed nothing (sixth lease)
+    "--kernels", "_distance_product_kernel",
+    "--lengths", "512", "2048",
+    timeout_s=120, name="ncu_product",
+)  # fmt: skip
 
 
 # Processes for the GPU tests where pytest-xdist imports (the GPU image has it): a test's time is mostly Triton

@@ -539,11 +539,13 @@ PRODUCT_PROGRAMS = "columns"
 # attention_gpu_h200_6ac7b47_tiles_product_columns.json`): at N = 2048 (one band, 1217 cells a row) 64x256 w8
 # s3 0.369 ms against 0.439 for 64x64 w4 s3 and 0.381 for 64x128 w4 s3; at 512 (64-row bands, 577 cells)
 # 64x128 w4 s3 0.199 against 0.226 and 0.221 for 64x256 w8 s3, whose blocks pad a row's 585 columns to 768.
-# Both compile for sm_90 without spills at every head dim (tests/attention/compile_triton_kernels.py).
+# Both compile for sm_90 without spills at every head dim (tests/attention/compile_triton_kernels.py). At 64x256
+# the issue rate no longer bounds it: a variant with a tenth fewer loop instructions took as long (README,
+# "Measured on an H200 (2026-11-27, sixth lease)").
 PRODUCT_COLUMN_TILES = Tiles(64, 256, 8, 3)  # tables of PRODUCT_WIDE_CELLS cells a row or more
 PRODUCT_NARROW_COLUMN_TILES = Tiles(64, 128, 4, 3)  # narrower ones
 PRODUCT_WIDE_CELLS = 1024
-PRODUCT_COLUMN_GROUPS = 8  # row blocks per "columns" program: at v3's N = 2048 7680 programs of 8 blocks
+PRODUCT_COLUMN_GROUPS = 8  # row blocks per "columns" program: at v3's N = 2048 1920 programs of 8 blocks
 # How the product kernel stores the ends of each row (`triton_products`): "wrap", 16 bytes at a time like the
 # rest, the cells a block reaches outside its row computed for the row they belong to (each cell written once),
 # or "masked", element by element, the cells outside the row left out. A table is contiguous, so row m's cells
