@@ -2642,9 +2642,8 @@ def test_gpu_benchmark_tile_sweep_of_the_distance_tables_product(tmp_path, monke
         defaults = [getattr(triton_backend, name) for name in names]
 
         def spy(heads, table, cells, *a):
-            seen.append(
-                triton_backend._product_tiles(cells.shape[1])
-            )  # the tiles the kernel is launched with
+            # the tiles the kernel is launched with, at this table's width
+            seen.append(triton_backend._product_tiles(cells.shape[1]))
             return real(heads, table, cells, *a)
 
         monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
