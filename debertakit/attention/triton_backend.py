@@ -538,7 +538,7 @@ PRODUCT_PROGRAMS = "columns"
 # Timed by kernel on an H200 (GPU time of a forward's two tables; `benchmarks/results/
 # attention_gpu_h200_6ac7b47_tiles_product_columns.json`): at N = 2048 (one band, 1217 cells a row) 64x256 w8
 # s3 0.369 ms against 0.439 for 64x64 w4 s3 and 0.381 for 64x128 w4 s3; at 512 (64-row bands, 577 cells)
-# 64x128 w4 s3 0.199 against 0.226 and 0.221 for 64x256 w8 s3, whose blocks pad a row's 585 columns to 768.
+# 64x128 w4 s3 0.199 against 0.226 and 0.221 for 64x256 w8 s3, whose blocks pad a row's 584 columns to 768.
 # Both compile for sm_90 without spills at every head dim (tests/attention/compile_triton_kernels.py). At 64x256
 # the issue rate no longer bounds it: a variant with a tenth fewer loop instructions took as long (README,
 # "Measured on an H200 (2026-11-27, sixth lease)").
