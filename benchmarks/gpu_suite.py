@@ -284,25 +284,12 @@ DISTANCE_TILES = [
     "--tiles",
     *DISTANCE_SWEEP_TILES,
 ]
-PRODUCT_SWEEP = [
-    "--sections",
-    "tiles",
-    "--tile-timer",
-    "profile",
-    "--near-band",
-    "distance",
-    "--tile-kernels",
-    "_distance_product_kernel",
-    "--lengths",
-    "512",
-    "2048",
-    "--tiles",
-]
 
 
-def _fold_sweep(kernel: str) -> list[str]:
-    """The tile sweep of one fold kernel at 512 (bands) and 2048 (one band), the other keeping its tiles, timed
-    by kernel (a fold kernel is 0.3-0.4 ms of a 4.8 ms call at 2048, less than rows' per-call times differ)."""
+def _distance_kernel_sweep(kernel: str) -> list[str]:
+    """The start of a tile sweep of one of the distance road's own kernels (the tables' product, a fold kernel)
+    at 512 (bands) and 2048 (one band), timed by kernel: each is a small share of a call (a fold kernel 0.3-0.4
+    ms of a 4.8 ms call at 2048), less than rows' per-call times differ. The shapes follow."""
     sweep = [
         "--sections",
         "tiles",
@@ -313,7 +300,15 @@ def _fold_sweep(kernel: str) -> list[str]:
         "--tile-kernels",
         kernel,
     ]
-    return [*sweep, "--lengths", "512", "2048", "--tiles", *FOLD_SWEEP_TILES]
+    return [*sweep, "--lengths", "512", "2048", "--tiles"]
+
+
+PRODUCT_SWEEP = _distance_kernel_sweep("_distance_product_kernel")
+
+
+def _fold_sweep(kernel: str) -> list[str]:
+    """The tile sweep of one fold kernel, the other keeping its tiles."""
+    return [*_distance_kernel_sweep(kernel), *FOLD_SWEEP_TILES]
 
 
 PLAN = [
