@@ -413,6 +413,7 @@ def _attention_rows(
             PRODUCT_ROWS_ROW: dict(PRODUCT_PROGRAMS="rows"),
             PRODUCT_BLOCKS_ROW: dict(PRODUCT_PROGRAMS="blocks"),
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
+            PRODUCT_TWO_LAUNCHES_ROW: dict(PRODUCT_LAUNCHES="two"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
@@ -506,6 +507,10 @@ PRODUCT_BLOCKS_ROW = "triton (product block programs)"
 # `triton` with the product kernel's row ends stored element by element (`triton_backend.PRODUCT_EDGES`
 # "masked", the default before 2026-11-27), against the default's 16-byte stores throughout ("wrap")
 PRODUCT_MASKED_EDGES_ROW = "triton (product edges masked)"
+# `triton` with its two distance tables built by two launches of the product kernel, one buffer each
+# (`triton_backend.PRODUCT_LAUNCHES` "two", the default before 2026-11-27), against one launch and one buffer for
+# both: a launch, an allocation and a fill fewer per forward (and per backward), on the host and on the GPU
+PRODUCT_TWO_LAUNCHES_ROW = "triton (tables in two launches)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
@@ -548,6 +553,7 @@ def attention_row_names() -> list[str]:
         PRODUCT_ROWS_ROW,
         PRODUCT_BLOCKS_ROW,
         PRODUCT_MASKED_EDGES_ROW,
+        PRODUCT_TWO_LAUNCHES_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
@@ -786,6 +792,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             PRODUCT_ROWS_ROW,
             PRODUCT_BLOCKS_ROW,
             PRODUCT_MASKED_EDGES_ROW,
+            PRODUCT_TWO_LAUNCHES_ROW,
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,

@@ -288,6 +288,9 @@ PRODUCT_ALIGNED = {
     "LB",
     "R",
     "M",
+    "X2",
+    "T2",
+    "OFF2",
 }
 
 
@@ -300,6 +303,7 @@ def compile_product_kernel(
     row_loop: bool = False,
     wrap: bool = True,
     col_loop: bool = False,
+    pair: bool = False,
 ) -> Compiled:
     """`triton_products._distance_product_kernel` compiled for ``sm_<capability>`` and read as `compile_kernel`
     reads the attention kernels. The launch tells the compiler what it tells it at run time: every pointer (the
@@ -310,7 +314,9 @@ def compile_product_kernel(
     (`triton_backend.PRODUCT_STORES`): ``ops["TMA"]`` counts the PTX's tensor-memory stores
     (``cp.async.bulk.tensor``). With ``row_loop`` a program runs over its row block's column blocks
     (`triton_backend.PRODUCT_PROGRAMS` "rows"), with ``col_loop`` over its column block's row blocks ("columns",
-    `PRODUCT_COLUMN_GROUPS` of them): ``tile_loops`` then holds that loop."""
+    `PRODUCT_COLUMN_GROUPS` of them): ``tile_loops`` then holds that loop. With ``pair`` one launch builds both
+    tables (`triton_backend.PRODUCT_LAUNCHES` "one"): the program picks its operands and output by its half of
+    the grid."""
     from debertakit.attention import triton_products
     from debertakit.attention.triton_backend import PRODUCT_COLUMN_GROUPS
 
@@ -328,6 +334,7 @@ def compile_product_kernel(
         WRAP=wrap,
         COL_LOOP=col_loop,
         GROUPS=PRODUCT_COLUMN_GROUPS,
+        PAIR=pair,
     )
     if not tma:
         constexprs["OUT_DESC"] = None  # what the launch passes without descriptor
@@ -335,6 +342,7 @@ def compile_product_kernel(
         f"tensordesc<{dtype}[1, 1, {tiles.block_m}, {tiles.block_n}]>"  # `triton_backend._residue_descriptor`
     )
     pointers = dict(X="*" + dtype, T="*" + dtype, CELLS="*i64", OUT="*" + dtype, OUT_DESC=box)
+    pointers.update(X2="*" + dtype, T2="*" + dtype)
     result, ptx = _compile_products_kernel(fn, constexprs, pointers, PRODUCT_ALIGNED, tiles, capability)
     result.ops["TMA"] = ptx.count("cp.async.bulk.tensor")
     return result

@@ -354,7 +354,20 @@ def _product_buffer(
     heads: int, m: int, n: int, dtype: torch.dtype, device, slack: int, lead: bool
 ) -> tuple[Tensor, Tensor]:
     """A buffer for (heads, m, n) products followed by ``slack`` zeros and, with ``lead``, preceded by as many
-    (one fill for both): the products and the zeros after them, flat, and the products' (heads, m, n) view.
+    (one fill for both): the products and the zeros after them, flat, and the products' (heads, m, n) view
+    (`_product_buffers` of one table)."""
+    (flat,), (out,) = _product_buffers(1, heads, m, n, dtype, device, slack, lead)
+    return flat, out
+
+
+def _product_buffers(
+    count: int, heads: int, m: int, n: int, dtype: torch.dtype, device, slack: int, lead: bool
+) -> tuple[list[Tensor], list[Tensor]]:
+    """One buffer for ``count`` tables of (heads, m, n) products, each followed by ``slack`` zeros or more and,
+    with ``lead``, preceded by as many (one allocation and one fill for all): per table its products and the
+    zeros after them, flat, and the products' (heads, m, n) view. Two tables lie a whole number of
+    `LEAD_ALIGN` elements apart, the zeros after the first being those before the second (at least ``slack``:
+    one launch of `triton_products` writes both, `_kernel_band_product`).
 
     With ``lead`` the products start `LEAD_ALIGN` elements into the buffer or a multiple of that (the
     allocator's 16-byte alignment kept): Triton specialises a launch on each pointer's 16-byte alignment, and a
@@ -362,12 +375,17 @@ def _product_buffer(
     kernels compiled with element loads: ncu counted 4.5–5.3 sectors per load request in the three kernels at
     N = 512, against 10.8–13.5 at 8192 with one (aligned) band (H100, `benchmarks/results/attention_ncu_h100.md`).
     The product kernel's 16-byte stores need the same. The elements before the zeros are never read."""
-    start = triton_cdiv(slack, LEAD_ALIGN) * LEAD_ALIGN if lead else 0
     size = heads * m * n
-    flat = torch.empty(start + size + slack, dtype=dtype, device=device)
-    zeros = (2, slack) if lead else (1, slack)
-    flat.as_strided(zeros, (size + slack, 1), start - slack if lead else size).zero_()
-    return flat[start:], flat[start : start + size].view(heads, m, n)
+    # the zeros after each table: with a second table, as many as put its start on LEAD_ALIGN
+    zeros = slack if count == 1 else triton_cdiv(size + slack, LEAD_ALIGN) * LEAD_ALIGN - size
+    step = size + zeros  # from one table's start to the next one's
+    start = triton_cdiv(zeros, LEAD_ALIGN) * LEAD_ALIGN if lead else 0
+    flat = torch.empty(start + count * step, dtype=dtype, device=device)
+    # the zero runs lie `step` apart: one strided fill for all of them
+    runs = count + 1 if lead else count
+    flat.as_strided((runs, zeros), (step, 1), start - zeros if lead else size).zero_()
+    firsts = [start + t * step for t in range(count)]
+    return [flat[a : a + step] for a in firsts], [flat[a : a + size].view(heads, m, n) for a in firsts]
 
 
 # Elements before a product buffer's products (`_product_buffer`): 128 bytes of 16-bit values.
@@ -448,12 +466,50 @@ def _distance_tables(
     dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
+    if _paired_products(q_heads, k_heads, pos_k, pos_q, cells, nq, nk):
+        pair = (k_heads, pos_q)
+        row, col = _kernel_band_product(q_heads, pos_k, cells, batch, nq, band, alpha, slack, pair)
+        return row, col
     row = col = None
     if q_heads is not None:
         row = _band_product(q_heads, pos_k, cells[0], batch, nq, band, alpha, slack)
     if k_heads is not None:
         col = _band_product(k_heads, pos_q, cells[1], batch, nk, band, alpha, slack)
     return row, col
+
+
+# How many launches of `triton_products` build a call's two distance tables: "one", both in one grid and one
+# buffer (one launch, allocation and fill fewer per forward, and per backward that builds them again), where
+# their shapes and strides agree (`_paired_products`); "two", one launch each. The benchmark's row "triton
+# (tables in two launches)" times the second beside the first.
+PRODUCT_LAUNCHES_MODES = ("one", "two")
+PRODUCT_LAUNCHES = "one"
+
+
+def _paired_products(
+    q_heads: Tensor | None,
+    k_heads: Tensor | None,
+    pos_k: Tensor | None,
+    pos_q: Tensor | None,
+    cells: Tensor,
+    nq: int,
+    nk: int,
+) -> bool:
+    """Whether one launch builds both distance tables (`PRODUCT_LAUNCHES`): both wanted, both served by the
+    kernel (`_product_kernel_serves`; the grid's second axis then twice as long), of one length, q and k at one
+    set of strides, Kr and Qr at another, and stored through pointers (`PRODUCT_STORES`: a descriptor
+    describes one table)."""
+    _check_mode("PRODUCT_LAUNCHES", PRODUCT_LAUNCHES, PRODUCT_LAUNCHES_MODES)
+    if PRODUCT_LAUNCHES != "one" or q_heads is None or k_heads is None or nq != nk:
+        return False
+    both = cells.flatten(0, 1)  # (2·bands, cells): the grid's second axis runs over heads × both
+    served = _product_kernel_serves(q_heads, pos_k, both) and _product_kernel_serves(k_heads, pos_q, both)
+    same = (
+        q_heads.dtype == k_heads.dtype
+        and q_heads.stride() == k_heads.stride()
+        and pos_k.stride() == pos_q.stride()
+    )
+    return served and same and q_heads.stride(-1) == pos_k.stride(-1) == 1 and PRODUCT_STORES != "tma"
 
 
 def _distance_padded_rows(n: int, band: int) -> int:
@@ -620,25 +676,29 @@ def _kernel_band_product(
     band: int,
     alpha: float,
     slack: int,
-) -> Tensor:
+    pair: tuple[Tensor, Tensor] | None = None,
+) -> Tensor | list[Tensor]:
     """`_band_product` by `triton_products`: the same table, laid out the same way, from q / k and the
-    position table read in place."""
+    position table read in place. With ``pair`` (k and Qr, at the strides of ``heads`` and ``table``) both
+    tables in one launch, ``cells`` their (2, bands, cells) (`_paired_products`): [ROW, COL], in one buffer."""
     H, d = heads.shape[0], heads.shape[2]
-    bands, width = cells.shape
+    bands, width = cells.shape[-2:]
     per_band = band if band else _distance_padded_rows(n, band)  # rows per band of each batch row
     m = batch * per_band
-    flat, out = _product_buffer(H * bands, m, width, heads.dtype, heads.device, slack, lead=band > 0)
+    count = 1 if pair is None else 2
+    flats, outs = _product_buffers(count, H * bands, m, width, heads.dtype, heads.device, slack, band > 0)
     if POISON_DISTANCE_BUFFERS:  # (the tests) a cell the kernel misses stays NaN
-        out.fill_(float("nan"))
+        for out in outs:
+            out.fill_(float("nan"))
     heads, table = (t if t.stride(-1) == 1 else t.contiguous() for t in (heads, table))
-    cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows
+    cells = cells.contiguous()  # the kernel reads it as (bands, WIDTH) rows, COL's after ROW's
     _check_mode("PRODUCT_PROGRAMS", PRODUCT_PROGRAMS, PRODUCT_PROGRAMS_MODES)
     _check_mode("PRODUCT_STORES", PRODUCT_STORES, PRODUCT_STORES_MODES)
     _check_mode("PRODUCT_EDGES", PRODUCT_EDGES, PRODUCT_EDGES_MODES)
     row_loop, col_loop = PRODUCT_PROGRAMS == "rows", PRODUCT_PROGRAMS == "columns"
     t = _product_tiles(width)
     vec = 16 // heads.element_size()  # a program's rows share their residue modulo vec (`triton_products`)
-    tma = _tma_stores(heads, m, vec)
+    tma = pair is None and _tma_stores(heads, m, vec)
     # "wrap" reads row m - 1 as the token before row m's: rows per band a multiple of vec (always, as laid out)
     wrap = PRODUCT_EDGES == "wrap" and per_band % vec == 0
     blocks = triton_cdiv(m, vec * t.block_m) * vec  # row blocks, each of one residue
@@ -646,13 +706,13 @@ def _kernel_band_product(
         blocks = triton_cdiv(blocks // vec, PRODUCT_COLUMN_GROUPS) * vec
     if not row_loop:
         blocks *= triton_cdiv(width - 1 + vec, t.block_n)  # and column blocks
-    grid = (blocks, H * bands)
+    grid = (blocks, count * H * bands)
     _products()._distance_product_kernel[grid](
         heads,
         table,
         cells,
-        out,
-        _residue_descriptor(out, vec, t) if tma else None,
+        outs[0],
+        _residue_descriptor(outs[0], vec, t) if tma else None,
         alpha,
         heads.stride(0),
         heads.stride(1),
@@ -663,6 +723,9 @@ def _kernel_band_product(
         bands,
         width - 1,
         m,
+        heads if pair is None else pair[0],
+        table if pair is None else pair[1],
+        0 if pair is None else flats[1].storage_offset() - flats[0].storage_offset(),  # OFF2
         D=d,
         VEC=vec,
         PREC=_precision(heads),
@@ -671,9 +734,10 @@ def _kernel_band_product(
         WRAP=wrap,
         COL_LOOP=col_loop,
         GROUPS=PRODUCT_COLUMN_GROUPS,
+        PAIR=pair is not None,
         **_launch(t),
     )
-    return flat
+    return flats[0] if pair is None else flats
 
 
 def _distance_slack(cells: int, nq: int, nk: int, band: int = 0) -> int:
@@ -1686,10 +1750,15 @@ class _EagerAttention(torch.autograd.Function):
 
 def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor]:
     """`_fwd` (same arguments) with its backward: the custom op under ``torch.compile`` (no graph break), else
-    the same bodies without the op's dispatch (`_EagerAttention`)."""
+    the same bodies without the op's dispatch (`_EagerAttention`), and where no gradient is wanted (inference,
+    ``torch.no_grad``) the forward's body alone: an autograd node costs host time in every layer even when
+    nothing will run backward (`benchmarks/triton_dispatch.py`, "forward, no grad")."""
     if torch.compiler.is_compiling():
         return _fwd_op(q, k, v, pos_q, pos_k, aux, scale, config)
-    return _EagerAttention.apply(q, k, v, pos_q, pos_k, scale, config, *aux)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)):
+        return _EagerAttention.apply(q, k, v, pos_q, pos_k, scale, config, *aux)
+    out, lse, _ = _forward(q, k, v, pos_q, pos_k, aux, scale, config)
+    return out, lse
 
 
 def triton_cdiv(a: int, b: int) -> int:

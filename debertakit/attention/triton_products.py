@@ -66,8 +66,17 @@ the same table rows in a column block. So here a program takes a column block an
 those table rows once (and, with ``WRAP``, those of the cells -s … -1 that its first block computes for the
 row before), and runs over ``GROUPS`` row blocks of that residue: the loop loads only rows of q / k, at
 addresses computed from the loop index, which two or more stages fetch ahead (compiled for sm_90 the loop's
-body is 425 instructions a block at 64×64 with three stages, 128 registers; d 64, bf16, Triton 3.9). Not yet
-timed on a GPU.
+body is 425 instructions a block at 64×64 with three stages, 128 registers; d 64, bf16, Triton 3.9). The
+default since an H200 timed it the fastest of the three (`triton_backend.PRODUCT_PROGRAMS`).
+
+Both tables in one launch (``PAIR``, `triton_backend.PRODUCT_LAUNCHES` "one"). ROW is q's rows against Kr, COL
+k's against Qr: the same work on other operands, at the same shapes where the two lengths agree. So the grid's
+second axis runs over the (head, band) pairs of both, and a program of its second half takes k (X2), Qr (T2),
+COL's cells (after ROW's in CELLS) and writes OFF2 elements further on, where the caller's one buffer holds COL
+(`triton_backend._product_buffers`). A call then pays one launch, one allocation and one fill of zeros for
+both tables, host time that a short input pays in every layer; the programs are those of two launches, and
+compiled for sm_90 the column loop's body is the same (460 instructions at 64×256 w8 s3, bf16, d 64, Triton
+3.9), with 8 more outside it.
 """
 
 from __future__ import annotations
@@ -97,6 +106,9 @@ def _distance_product_kernel(
     BANDS,
     R,  # cells per row less one, a multiple of 16; R + 1 is the output's row stride
     M,
+    X2,  # with PAIR: k (COL's rows), as X is q, at X's strides
+    T2,  # with PAIR: Qr, as T is Kr, at T's strides
+    OFF2,  # with PAIR: where COL starts in OUT, a multiple of 16 elements
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -107,12 +119,21 @@ def _distance_product_kernel(
     WRAP: tl.constexpr,  # every cell stored 16 bytes at a time, the row ends by the rows they belong to (above)
     COL_LOOP: tl.constexpr = False,  # a program per column block and residue, its row blocks in a loop (see above)
     GROUPS: tl.constexpr = 1,  # with COL_LOOP: the row blocks of one residue a program runs over
+    PAIR: tl.constexpr = False,  # both tables in one launch: the grid's second half builds COL (see above)
 ):
     # one axis for the row and column blocks, the column blocks fastest (the grid's second axis is short); with
     # ROW_LOOP one program per row block, which reads its rows of q / k once and runs over the row's column
     # blocks (the next block's cells and table rows loaded while this one is stored, at num_stages > 1)
     col_blocks = tl.cdiv(R + VEC, BLOCK_N)
     hb = tl.program_id(1)  # head · BANDS + band
+    if PAIR:  # the second half of the grid's second axis: COL, from k, Qr and COL's cells, written at OFF2
+        half = tl.num_programs(1) // 2
+        second = hb >= half
+        hb -= second * half
+        X = tl.where(second, X2, X)
+        T = tl.where(second, T2, T)
+        CELLS += second * (BANDS * (R + 1))
+        OUT += second.to(tl.int64) * OFF2
     h = hb // BANDS
     band = hb % BANDS
     d = tl.arange(0, D)

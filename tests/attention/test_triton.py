@@ -552,6 +552,29 @@ def test_eager_calls_run_the_ops_bodies_without_their_dispatch(monkeypatch, drop
     assert all(torch.equal(a, b) for a, b in zip(eager_grads, op_grads))
 
 
+def test_calls_without_gradients_build_no_autograd_node(monkeypatch):
+    """Where no gradient is wanted (``torch.no_grad()``, or inputs that require none) an eager call runs the
+    forward's body without `_EagerAttention`, whose node costs host time in every layer
+    (`benchmarks/triton_dispatch.py`), and returns the node's output bit for bit; with grad it builds the node."""
+    c = GRID["causal_padding"]
+    nodes = []
+    real = triton_backend._EagerAttention.apply
+    monkeypatch.setattr(triton_backend._EagerAttention, "apply", lambda *a: nodes.append(1) or real(*a))
+    inputs, geom = _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE)
+
+    def call(*tensors):
+        return triton_attention(*tensors, c.rel, geom, scale=0.2, terms=c.terms)[0]
+
+    with_node = call(*inputs)
+    assert nodes == [1] and with_node.requires_grad
+    with torch.no_grad():
+        no_grad = call(*inputs)
+    detached = call(*(None if t is None else t.detach() for t in inputs))
+    assert nodes == [1]  # no node for either
+    for out in (no_grad, detached):
+        assert not out.requires_grad and torch.equal(out, with_node.detach())
+
+
 @pytest.mark.parametrize(
     "dropout_p, near_band",
     [(0.0, "tables"), (0.2, "tables"), (0.0, "distance")],
@@ -1343,8 +1366,8 @@ PRODUCT_GRID = {
 }
 
 
-def _band_product_inputs(case: dict, dtype: torch.dtype):
-    g = torch.Generator().manual_seed(0)
+def _band_product_inputs(case: dict, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
     B, n, H, d, band = (case[k] for k in ("batch", "n", "heads", "dim", "band"))
     # q as the projections give it: (B, N, H, d) memory seen per head (`_per_head`: a strided view)
     heads = triton_backend._per_head(torch.randn(B, n, H, d, generator=g).to(dtype).transpose(1, 2))
@@ -1537,6 +1560,84 @@ def test_tma_stores_write_inner_blocks_and_leave_the_edges_to_the_pointers(monke
     assert not triton_backend._tma_stores(heads, rows - 4, 8)  # rows not a multiple of 8: the pointers
 
 
+def _paired_inputs(case: dict, dtype: torch.dtype = torch.bfloat16):
+    """q and k per head, Kr and Qr, both tables' cells (2, bands, cells), B, n, band: `_distance_tables`'
+    operands, each drawn apart (a table built from the other side's operands would differ)."""
+    q_heads, kr, row_cells, B, n, band = _band_product_inputs(case, dtype)
+    k_heads, qr, col_cells, *_ = _band_product_inputs(case, dtype, seed=1)
+    return q_heads, k_heads, qr, kr, torch.stack([row_cells, col_cells]), B, n, band
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernel in the interpreter")
+@pytest.mark.parametrize("programs", triton_backend.PRODUCT_PROGRAMS_MODES)
+@pytest.mark.parametrize("name", list(PRODUCT_GRID))
+def test_one_launch_writes_both_distance_tables(monkeypatch, name, programs):
+    """`PRODUCT_LAUNCHES` "one": ROW and COL from one launch of the product kernel (``PAIR``: the grid's second
+    half builds COL) into one buffer, each equal to the matmul's table bit for bit (every cell written: the
+    poison), each followed by at least the slack's zeros and, with bands, preceded by as many (COL's lead being
+    ROW's trailing zeros), each 16-byte aligned; "two" launches the kernel once a table, as before (checked with
+    the default's programs only: the single tables' own test covers every kind)."""
+    from debertakit.attention.triton_access import record_run
+
+    q_heads, k_heads, qr, kr, cells, B, n, band = _paired_inputs(PRODUCT_GRID[name])
+    slack = triton_backend._distance_slack(cells.shape[2], n, n, band)
+
+    def tables():
+        return triton_backend._distance_tables(q_heads, k_heads, qr, kr, cells, 0.7, (B, n, n), band)
+
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cublas")
+    want = tables()
+    monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "triton")
+    monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
+    calls, real = [], triton_backend._kernel_band_product
+
+    def spy(*args):
+        calls.append(len(args) == 9)  # with the pair
+        return real(*args)
+
+    monkeypatch.setattr(triton_backend, "_kernel_band_product", spy)
+    size = want[0].numel() - slack  # the cells of one table
+    for launches in ("one", "two") if programs == "columns" else ("one",):
+        monkeypatch.setattr(triton_backend, "PRODUCT_LAUNCHES", launches)
+        calls.clear()
+        with record_run("triton_products.py") as (_, recorded):
+            got = tables()
+        assert calls == ([True] if launches == "one" else [False, False])
+        assert recorded["_distance_product_kernel"][1]["PAIR"] == (launches == "one")
+        for table, wanted in zip(got, want):
+            assert not table.isnan().any() and torch.equal(table[:size], wanted[:size])
+            assert table.numel() - size >= slack and bool((table[size:] == 0).all())
+            assert table.data_ptr() % 16 == 0
+            if band:  # the zeros before it
+                before = torch.as_strided(table, (slack,), (1,), table.storage_offset() - slack)
+                assert bool((before == 0).all())
+        shared = got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+        assert shared == (launches == "one")
+
+
+def test_distance_tables_take_one_launch_where_their_operands_agree(monkeypatch):
+    """`_paired_products`: one launch for both tables by default; two where only one is wanted, the lengths
+    differ, k's strides are not q's, the tables are float32 (the matmul's), the stores go through a descriptor
+    (`PRODUCT_STORES` "tma"), or `PRODUCT_LAUNCHES` says "two"; a mode it does not know is refused."""
+    q_heads, k_heads, qr, kr, cells, B, n, band = _paired_inputs(PRODUCT_GRID["one_band"])
+    paired = triton_backend._paired_products
+    assert paired(q_heads, k_heads, kr, qr, cells, n, n)
+    assert not paired(q_heads, None, kr, None, cells, n, n)
+    assert not paired(None, k_heads, None, qr, cells, n, n)
+    assert not paired(q_heads, k_heads, kr, qr, cells, n, n + 1)
+    assert not paired(q_heads, k_heads.contiguous(), kr, qr, cells, n, n)  # (q is a strided view)
+    assert not paired(q_heads.float(), k_heads.float(), kr.float(), qr.float(), cells, n, n)
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "tma")
+    assert not paired(q_heads, k_heads, kr, qr, cells, n, n)
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "pointers")
+    monkeypatch.setattr(triton_backend, "PRODUCT_LAUNCHES", "two")
+    assert not paired(q_heads, k_heads, kr, qr, cells, n, n)
+    monkeypatch.setattr(triton_backend, "PRODUCT_LAUNCHES", "1")
+    with pytest.raises(ValueError, match=r"PRODUCT_LAUNCHES must be one of \('one', 'two'\), got '1'"):
+        paired(q_heads, k_heads, kr, qr, cells, n, n)
+
+
 def test_distance_product_mode_is_checked(monkeypatch):
     heads, table, cells, B, n, band = _band_product_inputs(PRODUCT_GRID["one_band"], torch.float32)
     monkeypatch.setattr(triton_backend, "DISTANCE_PRODUCT", "cuBLAS")
@@ -1551,17 +1652,24 @@ def test_distance_product_mode_is_checked(monkeypatch):
 def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name):
     """A bfloat16 call on the distance road (its tables from the product kernel, forward and backward) with
     every variant on (`PRODUCT_PROGRAMS` "rows" or "columns", `PRODUCT_STORES` "tma", the descriptor passed,
-    `PRODUCT_EDGES` "masked") gives the default's output and gradients bit for bit."""
+    `PRODUCT_EDGES` "masked", `PRODUCT_LAUNCHES` "two": the tables in two launches, as with the descriptor)
+    gives the output and gradients of one launch for both bit for bit."""
     from debertakit.attention.triton_access import record_run
 
     _near_band(monkeypatch, "distance")
     c = GRID[name]
     results = []
-    variants = (("blocks", "pointers", "wrap"), ("rows", "tma", "masked"), ("columns", "tma", "masked"))
-    for programs, stores, edges in variants:
+    variants = (
+        ("blocks", "pointers", "wrap", "one"),
+        ("rows", "tma", "masked", "one"),
+        ("columns", "tma", "masked", "one"),
+        ("columns", "pointers", "wrap", "two"),
+    )
+    for programs, stores, edges, tables in variants:
         monkeypatch.setattr(triton_backend, "PRODUCT_PROGRAMS", programs)
         monkeypatch.setattr(triton_backend, "PRODUCT_STORES", stores)
         monkeypatch.setattr(triton_backend, "PRODUCT_EDGES", edges)
+        monkeypatch.setattr(triton_backend, "PRODUCT_LAUNCHES", tables)
         with record_run("triton_products.py") as (_, launches):
             results.append(
                 _run(triton_attention, c, _inputs(c, torch.bfloat16, DEVICE), _geometry(c, DEVICE))
@@ -1569,6 +1677,7 @@ def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name
         args, kwargs = launches["_distance_product_kernel"]  # the last launch: COL's table in the backward
         assert kwargs["ROW_LOOP"] == (programs == "rows") and (args[4] is not None) == (stores == "tma")
         assert kwargs["COL_LOOP"] == (programs == "columns") and kwargs["WRAP"] == (edges == "wrap")
+        assert kwargs["PAIR"] == (stores == "pointers" and tables == "one")
     (out, grads), *others = results
     for out_v, grads_v in others:
         assert torch.equal(out, out_v)
@@ -3085,6 +3194,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (product row loop)",
         "triton (product block programs)",
         "triton (product edges masked)",
+        "triton (tables in two launches)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
         "triton (tables kept)",
