@@ -462,7 +462,8 @@ def _distance_tables(
     (`_distance_padded_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by `_distance_slack` zeros
     (with bands, preceded by as many: `_band_product`; `_distance_rows` views one band's products). Each is the
     product per band with the table rows its ``cells`` index (`_distance_cells`; one matmul, or for 16-bit
-    tables `triton_products`' kernel), ``alpha`` = scale · log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
+    tables `triton_products`' kernel, both tables from one launch where they pair: `_paired_products`), ``alpha``
+    = scale · log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
     dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
