@@ -265,29 +265,36 @@ QUEUED_REPEATS = 3
 QUEUED_UP_TO_MS = 50.0
 
 
-def queued_ms(fn: Callable[[], object], per_call_ms: float) -> float | None:
+def queued_ms(
+    fn: Callable[[], object], per_call_ms: float, clock: Callable[[], float] = time.perf_counter
+) -> tuple[float, float] | None:
     """Time per call of ``fn``'s calls issued back to back, nothing between them, one pair of events around a
     batch (sizes above, from ``per_call_ms``): the rate of a stream of calls, as a model's layers make them.
     ``do_bench``'s per-call time (``per_call_ms``) empties the L2 cache before every call (a 256 MB fill) and
     times each call between its own events, so each starts with its inputs in HBM only. Where the host keeps
     ahead of the GPU both are the GPU's time, this one with a warm cache; where a call's host work outlasts its
-    GPU work, both show the host's. None over `QUEUED_UP_TO_MS`."""
+    GPU work, both show the host's. Returns it with the host's time to issue one call (``clock`` around the
+    batch's calls, before the GPU is waited for: Python, PyTorch's dispatch and the kernels' launches; a batch
+    of 20 calls of a few launches each stays within the GPU's launch queue, so the host does not wait there),
+    the medians of the batches; None over `QUEUED_UP_TO_MS`."""
     import torch
 
     if per_call_ms > QUEUED_UP_TO_MS:
         return None
     calls = min(QUEUED_CALLS, max(2, int(QUEUED_BATCH_MS / per_call_ms)))
-    times = []
+    times, host = [], []
     for _ in range(QUEUED_REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
+        issued = clock()
         for _ in range(calls):
             fn()
+        host.append((clock() - issued) * 1e3 / calls)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], sorted(host)[len(host) // 2]
 
 
 def bench(fn: Callable[[], object], device: str, queued: bool = False) -> dict:
@@ -300,7 +307,12 @@ def bench(fn: Callable[[], object], device: str, queued: bool = False) -> dict:
         if device != "cuda":
             t = time.perf_counter()
             fn()
-            return {"ms": (time.perf_counter() - t) * 1e3, "queued_ms": None, "peak_gib": None}
+            return {
+                "ms": (time.perf_counter() - t) * 1e3,
+                "queued_ms": None,
+                "host_ms": None,
+                "peak_gib": None,
+            }
         fn()  # warm-up: compilation, autotuning, allocator
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -311,7 +323,9 @@ def bench(fn: Callable[[], object], device: str, queued: bool = False) -> dict:
         from triton.testing import do_bench
 
         ms = do_bench(fn, warmup=WARMUP_MS, rep=100, return_mode="median")
-        return {"ms": ms, "queued_ms": queued_ms(fn, ms) if queued else None, "peak_gib": peak}
+        queued_host = queued_ms(fn, ms) if queued else None
+        queued_at, host = (None, None) if queued_host is None else queued_host
+        return {"ms": ms, "queued_ms": queued_at, "host_ms": host, "peak_gib": peak}
 
     try:
         return _or_error(measure)
@@ -982,9 +996,10 @@ def _rate(prefix: str, r: dict, flops: float) -> dict:
         f"{prefix}_tflops": round(flops / (r["ms"] * 1e-3) / 1e12, 2),
         f"{prefix}_peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
     }
-    if r.get("queued_ms"):  # `bench`'s calls back to back
+    if r.get("queued_ms"):  # `bench`'s calls back to back, and the host's time to issue one
         rate[f"{prefix}_queued_ms"] = round(r["queued_ms"], 4)
         rate[f"{prefix}_queued_tflops"] = round(flops / (r["queued_ms"] * 1e-3) / 1e12, 2)
+        rate[f"{prefix}_host_ms"] = round(r["host_ms"], 4)
     if "kernels" in r:  # the `profile` section's breakdown
         rate[f"{prefix}_kernels_ms"] = r["kernels"]
     return rate
@@ -1427,19 +1442,21 @@ def print_table(rows: list[dict]) -> None:
     if att:
         print("\nattention core, bf16, TFLOP/s (4·N²·d per head forward; ×3.5 forward+backward)")
         print(
-            f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'queued':>17s} {'peak GiB':>9s} "
-            f"{'|Δ| vs ref':>13s}"
+            f"{'impl':38s} {'N':>6s} {'batch':>5s} {'fwd':>8s} {'fwd+bwd':>8s} {'queued':>17s} "
+            f"{'host ms':>15s} {'peak GiB':>9s} {'|Δ| vs ref':>13s}"
         )
         print(
             "(per call: do_bench, the L2 cache emptied before each; queued: calls back to back, fwd / fwd+bwd;"
         )
+        print(" host ms: the host's time to issue one call of those, fwd / fwd+bwd;")
         print(" |Δ| vs ref: against triton's output, the no-position-terms row against sdpa's)")
         for r in att:
             fwd = r.get("fwd_tflops", r.get("fwd_error", "")[:8])
             fb = r.get("fwd_bwd_tflops", r.get("fwd_bwd_error", "")[:8])
             queued = f"{r.get('fwd_queued_tflops', '')} / {r.get('fwd_bwd_queued_tflops', '')}"
+            host = f"{r.get('fwd_host_ms', '')} / {r.get('fwd_bwd_host_ms', '')}"
             diff = r.get("max_diff_vs_triton", r.get("max_diff_vs_sdpa"))
-            print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} {queued:>17s} "
+            print(f"{r['impl']:38s} {r['n']:6d} {r['batch']:5d} {fwd!s:>8s} {fb!s:>8s} {queued:>17s} {host:>15s} "
                   f"{r.get('fwd_bwd_peak_gib', '')!s:>9s} {'' if diff is None else f'{diff:.2e}':>13s}")  # fmt: skip
     # the profile's rows, and a tile sweep's timed by kernel (--tile-timer profile)
     profiled = [r for r in rows if r["section"] in ("profile", "tiles") and "fwd_bwd_kernels_ms" in r]

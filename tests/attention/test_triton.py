@@ -2903,9 +2903,10 @@ def test_gpu_benchmark_times_calls_queued_back_to_back(monkeypatch, capsys):
     """The queued time: batches of calls with no wait between them, timed by events around each batch (here
     a clock each call advances by 2 ms), the median per call; fewer calls a batch for longer calls, none over
     `QUEUED_UP_TO_MS`. It becomes the rows' queued TFLOP/s, printed beside the per-call rate and the verdicts'
-    (which judge the per-call one)."""
+    (which judge the per-call one). Beside it the host's time to issue a call (here 0.5 ms a call on the host's
+    clock), in the rows and the table."""
     bench = _benchmark_module()
-    clock, calls = [0.0], []
+    clock, calls, host = [0.0], [], [0.0]
 
     class Event:
         def __init__(self, enable_timing):
@@ -2923,20 +2924,25 @@ def test_gpu_benchmark_times_calls_queued_back_to_back(monkeypatch, capsys):
     def call():
         calls.append(True)
         clock[0] += 2.0 + 0.5 * (len(calls) == 1)  # the first call is slower: the median leaves it out
+        host[0] += 5e-4  # seconds
 
-    assert bench.queued_ms(call, per_call_ms=0.1) == 2.0
+    def host_clock():
+        return host[0]
+
+    assert bench.queued_ms(call, per_call_ms=0.1, clock=host_clock) == pytest.approx((2.0, 0.5))
     assert len(calls) == bench.QUEUED_REPEATS * bench.QUEUED_CALLS
     calls.clear()
-    assert bench.queued_ms(call, per_call_ms=40.0) == 2.0 and len(calls) == bench.QUEUED_REPEATS * 2
+    assert bench.queued_ms(call, 40.0, host_clock) == pytest.approx((2.0, 0.5))
+    assert len(calls) == bench.QUEUED_REPEATS * 2
     calls.clear()
     assert bench.queued_ms(call, per_call_ms=bench.QUEUED_UP_TO_MS + 1) is None and not calls
 
     flops = 3.5 * bench.attention_flops(8, 12, 2048, 64)
-    rate = bench._rate("fwd_bwd", {"ms": 5.0, "queued_ms": 4.5, "peak_gib": 1.0}, flops)
+    rate = bench._rate("fwd_bwd", {"ms": 5.0, "queued_ms": 4.5, "host_ms": 0.8, "peak_gib": 1.0}, flops)
     assert rate["fwd_bwd_tflops"] == round(flops / 5e-3 / 1e12, 2) and rate["fwd_bwd_queued_ms"] == 4.5
-    assert rate["fwd_bwd_queued_tflops"] == round(flops / 4.5e-3 / 1e12, 2)
+    assert rate["fwd_bwd_queued_tflops"] == round(flops / 4.5e-3 / 1e12, 2) and rate["fwd_bwd_host_ms"] == 0.8
     assert "fwd_bwd_queued_tflops" not in bench._rate(
-        "fwd_bwd", {"ms": 5.0, "queued_ms": None, "peak_gib": None}, 1
+        "fwd_bwd", {"ms": 5.0, "queued_ms": None, "host_ms": None, "peak_gib": None}, 1
     )
     row = dict(section="attention", impl="triton", n=2048, batch=8, fwd_tflops=80.0, fwd_queued_tflops=90.0)
     row.update(rate)
@@ -2944,7 +2950,8 @@ def test_gpu_benchmark_times_calls_queued_back_to_back(monkeypatch, capsys):
     assert "triton N=2048: forward 80.0 TFLOP/s per call, 90.0 queued (target >= 100): MISSED" in lines
     assert any(f"forward+backward {rate['fwd_bwd_tflops']} TFLOP/s per call, " in v for v in lines)
     bench.print_table([row])
-    assert f"90.0 / {rate['fwd_bwd_queued_tflops']}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"90.0 / {rate['fwd_bwd_queued_tflops']}" in printed and " / 0.8 " in printed
 
 
 def test_gpu_benchmark_starts_each_length_with_an_empty_compile_cache(monkeypatch):
