@@ -274,6 +274,13 @@ def _environment(work: Path, seconds: float, smoke: bool) -> list[str]:
     return _python(f"{BENCH}/gpu_suite.py", "--environment", str(work / "environment.json"))
 
 
+def _dispatch(work: Path, seconds: float, smoke: bool) -> list[str]:
+    """`triton_dispatch.py` on the GPU machine's CPU: the host side of a call with the kernels not launched, to
+    set beside the same script's figures on other machines and beside the rows' host time (``fwd_host_ms``),
+    which adds the launches. A few seconds; the same in smoke form."""
+    return _python(f"{BENCH}/triton_dispatch.py", "--out", str(work / "triton_dispatch.json"))
+
+
 LENGTHS = ["--lengths", "512", "2048", "8192"]
 TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
 TILES = ["--sections", "tiles", *LENGTHS, "--tiles", *SWEEP_TILES]
@@ -315,6 +322,7 @@ def _fold_sweep(kernel: str) -> list[str]:
 
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
+    Step("dispatch", "the host side of a call on this machine's CPU, kernels not launched", _dispatch, 30, 10),
     _bench(
         "targets",
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",
