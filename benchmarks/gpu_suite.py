@@ -6,7 +6,7 @@ here, run as one command, and stops starting work before the lease ends. The pla
 each step's cap and what it decides):
 
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
-   Compute, the commit and the kernels' code hash;
+   Compute, the commit and the kernels' code hash; ``dispatch``: `triton_dispatch.py` on the machine's CPU;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
    kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
@@ -25,7 +25,8 @@ each step's cap and what it decides):
    kernel alone at both lengths (its DRAM writes and their rate, the memory's and L2's share of peak, the
    stores' sectors per request);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
-7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`), and
+7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`),
+   ``tiles-forward``: of the distance road's forward kernel alone, by its pipeline's stages, and
    ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``, ``tiles-product-columns``: of the distance
    tables' product kernel with a block a program (`PRODUCT_PROGRAMS` "blocks", `PRODUCT_TILES`), with an
    address per element, with tensor-memory stores (`PRODUCT_STORES`), as a loop per row block
@@ -166,6 +167,16 @@ PRODUCT_COLUMN_SWEEP_TILES = [
 # compile for sm_90 without spills at every head dim, for both kernels, with 16-byte reads in their loops
 # (`python tests/attention/compile_triton_kernels.py --fold-sweep`)
 FOLD_SWEEP_TILES = ["64x64w4s3", "64x64w4s4", "64x128w8s3", "128x64w8s3", "128x128w8s3", "32x128w4s3"]
+# the distance road's forward kernel alone, by the stages of its pipeline (`triton_backend.GPU_TILES`: 64x32 w4
+# s2). At N = 2048 on an H200 its top stall was waiting on global memory (long_scoreboard, 1.9 cycles per issued
+# instruction; 18% occupancy; `benchmarks/results/attention_ncu_h200_6ac7b47.md`) while a near tile's two table
+# tiles are fetched one tile ahead. Compiled for sm_90 under Triton 3.6 (the GPU image's), 64x32 w4 with 3
+# stages takes 128 registers a thread against 148 with 2 (four programs an SM by registers, not three) and 49
+# KiB of shared memory against 33; with 4 stages 150 registers and 66 KiB; 128x32 w8 s3 152 and 74 KiB; all
+# spill-free under Triton 3.6 and 3.9 (`triton_aot.compile_kernel`, the v3 set with distance tables). Three
+# stages were slower on an H100 on the tables road (2026-11-24, `benchmarks/results/attention_gpu.json`), before
+# the distance tables; not yet timed on them
+FORWARD_SWEEP_TILES = ["64x32w4s2", "64x32w4s3", "64x32w4s4", "128x32w8s3"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -296,9 +307,9 @@ DISTANCE_TILES = [
 
 
 def _distance_kernel_sweep(kernel: str) -> list[str]:
-    """The start of a tile sweep of one of the distance road's own kernels (the tables' product, a fold kernel)
-    at 512 (bands) and 2048 (one band), timed by kernel: each is a small share of a call (a fold kernel 0.3-0.4
-    ms of a 4.8 ms call at 2048), less than rows' per-call times differ. The shapes follow."""
+    """The start of a tile sweep of one kernel on the distance road (the tables' product, a fold kernel, the
+    forward) at 512 (bands) and 2048 (one band), timed by kernel: each is a share of a call (a fold kernel
+    0.3-0.4 ms of a 4.8 ms call at 2048), often less than rows' per-call times differ. The shapes follow."""
     sweep = [
         "--sections",
         "tiles",
@@ -357,6 +368,10 @@ PLAN = [
     _bench(
         "tiles-distance", "tile shapes on the distance road", 180, 90, *DISTANCE_TILES,
         out="attention_gpu_tiles_distance.json",
+    ),
+    _bench(
+        "tiles-forward", "the distance road's forward kernel by the stages of its pipeline (GPU_TILES)",
+        120, 60, *_distance_kernel_sweep("_fwd_kernel"), *FORWARD_SWEEP_TILES, out="attention_gpu_tiles_forward.json",
     ),
     _bench(
         "tiles-product", "tile shapes of the distance tables' product kernel, a block a program (PRODUCT_TILES)",
