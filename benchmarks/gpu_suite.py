@@ -252,8 +252,10 @@ _ncu = _attention_ncu(
 )  # fmt: skip
 _ncu_product = _attention_ncu(
     "--impls", "triton",
-    # the distance tables' product alone (four launches a forward+backward), at its two tile shapes: what holds
-    # it at 2.6 TB/s of the H200's 4.8 where a tenth fewer instructions changed nothing (sixth lease)
+    # the distance tables' product alone (a launch a forward and one a backward, each building both tables since
+    # `PRODUCT_LAUNCHES` "one": ncu's time per launch is the pair's; four launches of one table before), at its
+    # two tile shapes: what holds it at 2.6 TB/s of the H200's 4.8 where a tenth fewer instructions changed
+    # nothing (sixth lease)
     "--kernels", "_distance_product_kernel",
     "--lengths", "512", "2048",
     timeout_s=120, name="ncu_product",
