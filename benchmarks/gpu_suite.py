@@ -152,13 +152,20 @@ PRODUCT_ROW_SWEEP_TILES = ["64x64w4s3", "64x64w4s2", "64x128w8s3", "128x64w8s3",
 # bytes a loop step: a program's steps wait on their products' and stores' latency (`triton_products`), and at
 # 2048 the kernel wrote its two 0.48 GB tables at about 2.3 TB/s (0.41 ms of the forward's 1.17; f3c1fc3's
 # profile)
+# In the sixth lease 64x64 w4 s2 and 128x128 w8 s3 were slower than the new defaults at both lengths
+# (`attention_gpu_h200_6ac7b47_tiles_product_columns.json`) and left the sweep; in came 16 warps on the wide
+# block (under Triton 3.6, the GPU image's, 60 registers a thread against 123 at 8 warps, at head dim 64) and two
+# stages on it: spill-free at every head dim under Triton 3.6 and 3.9, every store 16 bytes
+# (`triton_aot.compile_product_kernel`, both tables in one launch as by default; `python
+# tests/attention/compile_triton_kernels.py --product-sweep` under 3.9). Four stages on the narrow block spill at
+# head dim 128 under 3.9 (56 bytes) and stay out
 PRODUCT_COLUMN_SWEEP_TILES = [
     "64x64w4s3",
-    "64x64w4s2",
     "64x128w8s3",
     "64x128w4s3",
     "64x256w8s3",
-    "128x128w8s3",
+    "64x256w8s2",
+    "64x256w16s3",
 ]
 # the backward's fold kernels (`triton_backend.FOLD_TILES`, `FOLD_SUMS_TILES`, both 64x64 w4 s3, chosen
 # untimed): on an H200 the sums kernel took 0.371 ms at N = 2048 where its matmuls took 0.344, and the product
