@@ -111,16 +111,8 @@ class RelativeIndex:
         would otherwise be built again in every forward. Inputs that depend on the masks belong to the forward's
         `Geometry` (`Geometry.cached`). Under ``torch.compile`` it is always built (part of the graph), and so
         while a CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is
-        handed out again once the graph is freed, so it must not outlive the graph in this cache."""
-        if torch.compiler.is_compiling() or capturing_cuda_graph():
-            return build()
-        if key in self._derived:
-            self._derived.move_to_end(key)
-        else:
-            self._derived[key] = build()
-            if len(self._derived) > DERIVED_KEPT:
-                self._derived.popitem(last=False)
-        return self._derived[key]
+        handed out again once the graph is freed, so it must not outlive the graph in this cache (`kept`)."""
+        return kept(self._derived, key, build, DERIVED_KEPT)
 
     def index(self, delta: Tensor) -> Tensor:
         """Row (int64, relative to ``offset``) for every distance in ``delta`` (any shape, any integer dtype)."""
@@ -148,6 +140,22 @@ class RelativeIndex:
         if lo == self.offset:
             return self
         return _relative_index(self.span, self.bucket_size, self.max_position, lo)
+
+
+def kept(entries: OrderedDict, key: Hashable, build: Callable[[], Any], limit: int) -> Any:
+    """``build()``, computed once per ``key`` and kept in ``entries`` (the ``limit`` latest keys: the least
+    recently used is dropped). Built anew and not kept under ``torch.compile`` (part of the graph) and while a
+    CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is handed out
+    again once the graph is freed."""
+    if torch.compiler.is_compiling() or capturing_cuda_graph():
+        return build()
+    if key in entries:
+        entries.move_to_end(key)
+    else:
+        entries[key] = build()
+        if len(entries) > limit:
+            entries.popitem(last=False)
+    return entries[key]
 
 
 def capturing_cuda_graph() -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -37,7 +38,7 @@ from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, capability_str, register
-from debertakit.attention.relative import RelativeIndex
+from debertakit.attention.relative import RelativeIndex, kept
 from debertakit.attention.triton_aot import Tiles
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -1825,12 +1826,39 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
     return tuple(x.to(torch.int32).contiguous() for x in (kv_lo, kv_hi, q_lo, q_hi))
 
 
+# The geometry inputs of geometries without masks, segments or explicit positions depend on the shapes (and
+# causality) alone: every such geometry shares them, kept across forwards for the SHAPE_KEPT latest shapes
+# (`_geometry_inputs`). A forward's first layer (and the benchmark's calls, each with a new geometry) then runs
+# none of the eight small ops that build them (int32 positions, block ranges), each a launch on a GPU; they are a
+# few (B, N) int32 rows per shape.
+SHAPE_KEPT = 16
+_SHAPE_INPUTS: OrderedDict = OrderedDict()
+
+
+def _shapes_alone(geom: Geometry) -> bool:
+    """Whether the geometry's kernel inputs depend on the shapes and causality alone: no key mask, segments,
+    packing or explicit positions (dense masks are refused before)."""
+    fields = (geom.key_mask, geom.q_segments, geom.k_segments, geom.q_positions, geom.k_positions)
+    return geom.cu_seqlens is None and geom.dense is None and all(f is None for f in fields)
+
+
 def _geometry_inputs(
     geom: Geometry, B: int, NQ: int, NK: int, device: torch.device
 ) -> tuple[Tensor | None, ...]:
     """The kernels' inputs that depend on the geometry alone, the same in every layer (`Geometry.cached`): int32
-    (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`. Explicit positions are
-    checked here, once per geometry (the check reads a flag from the device)."""
+    (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`; shared by the geometries
+    whose inputs depend on the shapes alone (`_shapes_alone`, `SHAPE_KEPT`)."""
+    if _shapes_alone(geom):
+        key = (B, NQ, NK, device, bool(geom.causal))
+        return kept(_SHAPE_INPUTS, key, lambda: _build_geometry_inputs(geom, B, NQ, NK, device), SHAPE_KEPT)
+    return _build_geometry_inputs(geom, B, NQ, NK, device)
+
+
+def _build_geometry_inputs(
+    geom: Geometry, B: int, NQ: int, NK: int, device: torch.device
+) -> tuple[Tensor | None, ...]:
+    """`_geometry_inputs`, built. Explicit positions are checked here, once per geometry (the check reads a flag
+    from the device)."""
     # default positions made int32 (`_rows` then converts nothing): `Geometry.positions` gives int64
     default = functools.partial(torch.arange, dtype=torch.int32, device=device)
     q_pos = _rows(geom.q_positions if geom.q_positions is not None else default(NQ), B, NQ)

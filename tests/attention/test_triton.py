@@ -1845,6 +1845,39 @@ def _through_the_custom_op(monkeypatch) -> None:
     monkeypatch.setattr(triton_backend, "_attention", triton_backend._fwd_op)
 
 
+def test_geometries_without_masks_share_their_inputs(monkeypatch):
+    """The kernels' geometry inputs of a geometry without masks, segments or explicit positions depend on the
+    shapes and causality alone: two such geometries of one shape get the same tensors (built once, kept across
+    forwards), equal to a fresh build; a causal one or another shape gets its own, a geometry with a key mask
+    its own and unkept; the `SHAPE_KEPT` latest shapes are kept; while a CUDA graph is captured they are built
+    and not kept."""
+    from collections import OrderedDict
+
+    from debertakit.attention import relative
+
+    kept = OrderedDict()
+    monkeypatch.setattr(triton_backend, "_SHAPE_INPUTS", kept)
+    dev = torch.device(DEVICE)
+
+    def inputs(geom, batch=2):
+        return triton_backend._geometry_inputs(geom, batch, 8, 8, dev)
+
+    first, again = inputs(Geometry()), inputs(Geometry())
+    assert all(a is b for a, b in zip(first, again)) and len(kept) == 1
+    fresh = triton_backend._build_geometry_inputs(Geometry(), 2, 8, 8, dev)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, fresh))
+    causal = inputs(Geometry(causal=True))  # (q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi)
+    assert not torch.equal(causal[6], first[6]) and len(kept) == 2
+    masked = inputs(Geometry(key_mask=torch.ones(2, 8, dtype=torch.bool, device=dev)))
+    assert masked[4] is not None and len(kept) == 2
+    monkeypatch.setattr(triton_backend, "SHAPE_KEPT", 2)
+    inputs(Geometry(), batch=3)  # a third shape: the least recently used one leaves
+    assert list(kept) == [(2, 8, 8, dev, True), (3, 8, 8, dev, False)]
+    monkeypatch.setattr(relative, "capturing_cuda_graph", lambda: True)
+    captured = inputs(Geometry(), batch=4)
+    assert captured[0].shape == (4, 8) and len(kept) == 2 and (4, 8, 8, dev, False) not in kept
+
+
 def test_layers_after_the_first_reuse_the_geometrys_inputs(monkeypatch):
     """Positions, segments, key mask and block ranges are the same in every layer: built on the first call with a
     geometry, then reused (one forward of a base model calls the backend 12 times with one geometry)."""
