@@ -3947,10 +3947,11 @@ def test_fold_into_content_adds_on_the_tensor_cores_gpu(dtype):
 
 
 def test_distance_ends_are_cols_saturated_cells_without_an_index_tensor():
-    """`triton_backend._distance_ends`: per key COL's cells of distance -sat and +sat, taken as views. A list
-    index copied itself from host memory in every call with far tiles: on a GPU a wait for it, and inside a CUDA
-    graph's capture an error (the GPU tests `test_calls_never_wait_for_the_gpu_gpu` and
-    `test_dropout_draws_a_new_mask_at_every_cuda_graph_replay_gpu` failed on it, on an H200)."""
+    """`triton_backend._distance_ends`: per key COL's cells of distance -sat and +sat, (H, B, Nk, 2), one view
+    of the table: nothing copied, by no index tensor and no stack. A list index copied itself from host memory
+    in every call with far tiles: on a GPU a wait for it, and inside a CUDA graph's capture an error (the GPU
+    tests `test_calls_never_wait_for_the_gpu_gpu` and `test_dropout_draws_a_new_mask_at_every_cuda_graph_replay_gpu`
+    failed on it, on an H200); a stack was a kernel of its own. FAR built from it holds those cells."""
     H, B, NK, reach, sat = 2, 3, 20, 9, 6
     cells = 2 * reach + 1
     rows = triton_backend._padded_rows(NK)
@@ -3958,9 +3959,13 @@ def test_distance_ends_are_cols_saturated_cells_without_an_index_tensor():
     with _Ops() as probe:
         ends = triton_backend._distance_ends(col, H, B, NK, reach, sat)
     per_key = col[: H * B * rows * cells].view(H, B, rows, cells)[:, :, :NK]
-    want = torch.stack((per_key[..., reach - sat], per_key[..., reach + sat]), -1).reshape(H, B * NK, 2)
-    assert torch.equal(ends, want)
-    assert not [op for op in probe.ops if "index" in op or "lift_fresh" in op], probe.ops
+    want = torch.stack((per_key[..., reach - sat], per_key[..., reach + sat]), -1)
+    assert torch.equal(ends, want) and ends.untyped_storage().data_ptr() == col.untyped_storage().data_ptr()
+    copies = ("index", "lift_fresh", "stack", "cat", "copy", "clone")
+    assert not [op for op in probe.ops if any(word in op for word in copies)], probe.ops
+    lut = torch.arange(2 * sat + 1, dtype=torch.int32)
+    far = triton_backend._far_columns(ends, lut, True, None, (H, B, NK), "cpu")
+    assert torch.equal(far[..., :NK], want.transpose(-1, -2))
 
 
 def test_far_columns_hold_cols_saturated_values_and_hide_masked_keys():
