@@ -463,9 +463,10 @@ def _distance_tables(
     (`_distance_padded_rows`), for ``shape`` = (B, Nq, Nk), each flat and followed by `_distance_slack` zeros
     (with bands, preceded by as many: `_band_product`; `_distance_rows` views one band's products). Each is the
     product per band with the table rows its ``cells`` index (`_distance_cells`; one matmul, or for 16-bit
-    tables `triton_products`' kernel, both tables from one launch where they pair: `_paired_products`), ``alpha``
-    = scale · log2(e): the kernels add the cells as they are. Same products as `_tables`, their columns repeated by distance and rounded to the inputs'
-    dtype: at v3's sat = 512 and 64×64 tiles, 1281 bfloat16 cells per row against 512 float32 ones."""
+    tables `triton_products`' kernel, both tables from one launch where they pair: `_paired_products`),
+    ``alpha`` = scale · log2(e): the kernels add the cells as they are. Same products as `_tables`, their
+    columns repeated by distance and rounded to the inputs' dtype: at v3's sat = 512 and 64×64 tiles, 1281
+    bfloat16 cells per row against 512 float32 ones."""
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
     if _paired_products(q_heads, k_heads, pos_k, pos_q, cells, nq, nk):
@@ -783,10 +784,9 @@ def _far_columns(
     value of each key column on the left and on the right (`triton_kernels._far_col`), COL's two saturated
     entries (0 without p2c; with ``ends_only`` COL holds only them, (H, B·Nk, 2): a skewed call's, or (H, B,
     Nk, 2), the two cells a distance table's row holds them in: `_distance_ends`), -inf where the key is masked
-    and in the
-    padding, so that a far tile hides those keys without a mask of its own. Two contiguous rows per (h, b): one
-    unmasked vector load per far tile instead of COL's strided entries and the key mask (see README, How it
-    works)."""
+    and in the padding, so that a far tile hides those keys without a mask of its own. Two contiguous rows per
+    (h, b): one unmasked vector load per far tile instead of COL's strided entries and the key mask (see
+    README, How it works)."""
     heads, batch, nk = shape
     width = triton_cdiv(nk, FAR_PAD) * FAR_PAD
     far = torch.empty((heads, batch, 2, width), dtype=torch.float32, device=device)
