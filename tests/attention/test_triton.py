@@ -2355,15 +2355,19 @@ def _record_compiled(monkeypatch, loader: str = "_products") -> list:
 
 # first of the GPU tests: a lease's `gpu-tests` step may be stopped before the end of the file
 @pytest.mark.gpu
+@pytest.mark.parametrize("launches", triton_backend.PRODUCT_LAUNCHES_MODES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", [512, 2048])
-def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype):
+def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dtype, launches):
     """The distance tables at v3's size (batch·N = 4096, 12 heads, d 64; banded at 512, one band of 1217 cells
-    at 2048: reach 512 + 96, the GPU's tiles' sides) from the product kernel (which ran: 16-bit tables) and from cuBLAS's matmul: the same rounded
-    values (float32 accumulation in either; the sums' order may differ in the last bit), no cell left
-    unwritten; the kernel as this launch compiled it stores 16 bytes at a time (``st.global.v4.b32``: the
-    launch's pointers and integers aligned as `triton_products` needs)."""
+    at 2048: reach 512 + 96, the GPU's tiles' sides) from the product kernel (which ran: 16-bit tables; both in
+    one launch with `PRODUCT_LAUNCHES` "one", one each with "two") and from cuBLAS's matmul: the same rounded
+    values (float32 accumulation in either; the sums' order may differ in the last bit) and the zeros after
+    them (one launch's buffer may hold more: `_product_buffers`), no cell left unwritten; the kernel as each
+    launch compiled it stores 16 bytes at a time (``st.global.v4.b32``: the launch's pointers and integers
+    aligned as `triton_products` needs)."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    monkeypatch.setattr(triton_backend, "PRODUCT_LAUNCHES", launches)
     compiled = _record_compiled(monkeypatch)
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, dtype, "cuda"))
@@ -2379,11 +2383,12 @@ def test_distance_product_kernel_builds_the_matmuls_table_gpu(monkeypatch, n, dt
             triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
             0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
         )  # fmt: skip
-    assert len(compiled) == 2  # ROW and COL, by the kernel; the matmul's pass launched none
+    # ROW and COL by the kernel, in one launch or two; the matmul's pass launched none
+    assert len(compiled) == (1 if launches == "one" else 2)
     assert all("st.global.v4.b32" in kernel.asm["ptx"] for kernel in compiled)
     for got, want in zip(tables["triton"], tables["cublas"]):
-        assert got.shape == want.shape and not got.isnan().any()
-        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+        assert got.numel() >= want.numel() and not got.isnan().any()
+        torch.testing.assert_close(got[: want.numel()].float(), want.float(), rtol=2**-7, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -2445,7 +2450,9 @@ def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
     × `PRODUCT_EDGES`: the tables of the default (pointers, a block a program, the rows' ends wrapped) bit for
     bit, no cell left unwritten; with "tma" on a GPU with the tensor-memory unit the inner blocks are stored
     through the descriptor (``cp.async.bulk.tensor`` in the launch's PTX), elsewhere the pointers serve; with
-    "masked" the rows' ends are stored element by element (``st.global.b16``), with "wrap" never."""
+    "masked" the rows' ends are stored element by element (``st.global.b16``), with "wrap" never. With the
+    pointers both tables come from one launch (`PRODUCT_LAUNCHES` "one"), with "tma" from one each; compared
+    over the products and the zeros after them (one launch's buffer may hold more zeros)."""
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     q, k, _, pos_q, pos_k = (t.detach() for t in _inputs(c, torch.bfloat16, "cuda"))
@@ -2472,16 +2479,18 @@ def test_product_kernel_variants_write_the_same_tables_gpu(monkeypatch, n):
             triton_backend._per_head(q), triton_backend._per_head(k), pos_q[:, lo:hi], pos_k[:, lo:hi], cells,
             0.125 * triton_backend.LOG2E, (c.batch, n, n), layout[0],
         )  # fmt: skip
-        assert len(compiled) == before + 2  # ROW and COL
+        launched = 1 if stores == "pointers" else 2  # ROW and COL, paired where they can be
+        assert len(compiled) == before + launched
         tma = ["cp.async.bulk.tensor" in kernel.asm["ptx"] for kernel in compiled[before:]]
-        assert tma == [stores == "tma" and hopper] * 2
+        assert tma == [stores == "tma" and hopper] * launched
         elements = ["st.global.b16" in kernel.asm["ptx"] for kernel in compiled[before:]]
-        assert elements == [edges == "masked"] * 2
+        assert elements == [edges == "masked"] * launched
     default = tables["pointers", "blocks", "wrap"]
     for variant in variants[1:]:
         for got, want in zip(tables[variant], default):
             assert not got.isnan().any(), variant
-            assert torch.equal(got, want), variant
+            common = min(got.numel(), want.numel())  # the products and at least the slack's zeros
+            assert torch.equal(got[:common], want[:common]), variant
 
 
 @pytest.mark.gpu
