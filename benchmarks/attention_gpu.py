@@ -323,8 +323,7 @@ def bench(fn: Callable[[], object], device: str, queued: bool = False) -> dict:
         from triton.testing import do_bench
 
         ms = do_bench(fn, warmup=WARMUP_MS, rep=100, return_mode="median")
-        queued_host = queued_ms(fn, ms) if queued else None
-        queued_at, host = (None, None) if queued_host is None else queued_host
+        queued_at, host = (queued_ms(fn, ms) if queued else None) or (None, None)
         return {"ms": ms, "queued_ms": queued_at, "host_ms": host, "peak_gib": peak}
 
     try:

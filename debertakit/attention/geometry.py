@@ -97,6 +97,20 @@ class Geometry:
             and self.q_segments is self.k_segments
         )
 
+    def depends_on_shapes_alone(self) -> bool:
+        """Whether who attends to whom follows from the shapes (and ``causal``) alone: no key mask, segments,
+        packing, explicit positions or dense mask. Inputs a backend derives from such a geometry are the same
+        for every geometry of those shapes, and may be kept across forwards."""
+        masks = (
+            self.key_mask,
+            self.q_segments,
+            self.k_segments,
+            self.q_positions,
+            self.k_positions,
+            self.dense,
+        )
+        return self.cu_seqlens is None and all(m is None for m in masks)
+
     def max_distance(self, n_q: int, n_k: int) -> int:
         """An upper bound of |i - j| over all pairs that may attend each other."""
         if self.max_seqlen is not None:

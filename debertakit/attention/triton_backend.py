@@ -470,8 +470,9 @@ def _distance_tables(
     batch, nq, nk = shape
     slack = _distance_slack(cells.shape[2], nq, nk, band)
     if _paired_products(q_heads, k_heads, pos_k, pos_q, cells, nq, nk):
-        pair = (k_heads, pos_q)
-        row, col = _kernel_band_product(q_heads, pos_k, cells, batch, nq, band, alpha, slack, pair)
+        row, col = _kernel_band_product(
+            q_heads, pos_k, cells, batch, nq, band, alpha, slack, (k_heads, pos_q)
+        )
         return row, col
     row = col = None
     if q_heads is not None:
@@ -1830,19 +1831,12 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
 
 
 # The geometry inputs of geometries without masks, segments or explicit positions depend on the shapes (and
-# causality) alone: every such geometry shares them, kept across forwards for the SHAPE_KEPT latest shapes
-# (`_geometry_inputs`). A forward's first layer (and the benchmark's calls, each with a new geometry) then runs
+# causality) alone (`Geometry.depends_on_shapes_alone`): every such geometry shares them, kept across forwards
+# for the SHAPE_KEPT latest shapes (`_geometry_inputs`). A forward's first layer (and the benchmark's calls, each with a new geometry) then runs
 # none of the eight small ops that build them (int32 positions, block ranges), each a launch on a GPU; they are a
 # few (B, N) int32 rows per shape.
 SHAPE_KEPT = 16
 _SHAPE_INPUTS: OrderedDict = OrderedDict()
-
-
-def _shapes_alone(geom: Geometry) -> bool:
-    """Whether the geometry's kernel inputs depend on the shapes and causality alone: no key mask, segments,
-    packing or explicit positions (dense masks are refused before)."""
-    fields = (geom.key_mask, geom.q_segments, geom.k_segments, geom.q_positions, geom.k_positions)
-    return geom.cu_seqlens is None and geom.dense is None and all(f is None for f in fields)
 
 
 def _geometry_inputs(
@@ -1850,8 +1844,8 @@ def _geometry_inputs(
 ) -> tuple[Tensor | None, ...]:
     """The kernels' inputs that depend on the geometry alone, the same in every layer (`Geometry.cached`): int32
     (B, N) positions, segments and key mask, then the block ranges of `_key_ranges`; shared by the geometries
-    whose inputs depend on the shapes alone (`_shapes_alone`, `SHAPE_KEPT`)."""
-    if _shapes_alone(geom):
+    whose inputs depend on the shapes alone (`Geometry.depends_on_shapes_alone`, `SHAPE_KEPT`)."""
+    if geom.depends_on_shapes_alone():
         key = (B, NQ, NK, device, bool(geom.causal))
         return kept(_SHAPE_INPUTS, key, lambda: _build_geometry_inputs(geom, B, NQ, NK, device), SHAPE_KEPT)
     return _build_geometry_inputs(geom, B, NQ, NK, device)
