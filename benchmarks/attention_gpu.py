@@ -34,7 +34,9 @@ Sections (all bfloat16 on one CUDA device):
    for the backward (`triton_backend.KEEP_TABLES`; its peak memory is the price), ``triton (fold matmuls)`` with
    the backward's fold products and sums by cuBLAS's matmuls (`triton_backend.FOLD_PRODUCT` and `FOLD_SUMS`
    "cublas", the default before 2026-11-27) instead of `triton_products`' fold kernels, ``triton (fold sums by
-   matmul)`` with the sums alone by the matmuls (`FOLD_SUMS` "cublas").
+   matmul)`` with the sums alone by the matmuls (`FOLD_SUMS` "cublas"), ``triton (tables in two launches)`` and
+   ``triton (folds in two launches)`` with the distance tables' products, and the backward's two fold kernels,
+   launched once per table (`triton_backend.PRODUCT_LAUNCHES`, `FOLD_LAUNCHES` "two") instead of once for both.
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -427,6 +429,7 @@ def _attention_rows(
             PRODUCT_BLOCKS_ROW: dict(PRODUCT_PROGRAMS="blocks"),
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             PRODUCT_TWO_LAUNCHES_ROW: dict(PRODUCT_LAUNCHES="two"),
+            FOLD_TWO_LAUNCHES_ROW: dict(FOLD_LAUNCHES="two"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
@@ -524,6 +527,10 @@ PRODUCT_MASKED_EDGES_ROW = "triton (product edges masked)"
 # (`triton_backend.PRODUCT_LAUNCHES` "two", the default before 2026-11-27), against one launch and one buffer for
 # both: a launch, an allocation and a fill fewer per forward (and per backward), on the host and on the GPU
 PRODUCT_TWO_LAUNCHES_ROW = "triton (tables in two launches)"
+# `triton` with the backward's two sides folded by a launch of each fold kernel a side (`triton_backend.FOLD_LAUNCHES`
+# "two", the default before 2026-11-27), against one launch of each for both sides: two launches, a reduction
+# of the classes' sums and an allocation fewer per backward
+FOLD_TWO_LAUNCHES_ROW = "triton (folds in two launches)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
@@ -567,6 +574,7 @@ def attention_row_names() -> list[str]:
         PRODUCT_BLOCKS_ROW,
         PRODUCT_MASKED_EDGES_ROW,
         PRODUCT_TWO_LAUNCHES_ROW,
+        FOLD_TWO_LAUNCHES_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
@@ -806,6 +814,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             PRODUCT_BLOCKS_ROW,
             PRODUCT_MASKED_EDGES_ROW,
             PRODUCT_TWO_LAUNCHES_ROW,
+            FOLD_TWO_LAUNCHES_ROW,
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,

@@ -105,7 +105,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # - its distance tables from cuBLAS's matmul (`attention_gpu.CUBLAS_TABLES_ROW`: what `triton_products`' kernel
 #   changes), that kernel's rows' ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what
 #   storing them whole saves), the two tables in two launches (`attention_gpu.PRODUCT_TWO_LAUNCHES_ROW`: what one
-#   launch for both saves a call);
+#   launch for both saves a call), the backward's folds a launch a side (`attention_gpu.FOLD_TWO_LAUNCHES_ROW`:
+#   what one launch of each fold kernel for both sides saves);
 # - the backward's gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at
 #   N = 512), stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in
 #   bands and from 2048 in one band), the forward's tables kept for the backward
@@ -120,6 +121,7 @@ ROADS = [
     "triton (cuBLAS tables)",
     "triton (product edges masked)",
     "triton (tables in two launches)",
+    "triton (folds in two launches)",
     "triton (gradients in one band)",
     "triton (gradient stores by cell)",
     "triton (tables kept)",

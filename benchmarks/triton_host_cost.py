@@ -29,7 +29,9 @@ The distance road is counted with its tables built by the matmul (`triton_backen
 copies the matmul reads (the padding rows, q / k in band order, the gathered table rows: up to three more
 launches per direction, which the default no longer makes). Its folds are counted as cuBLAS's matmuls
 (`FOLD_PRODUCT`, `FOLD_SUMS` "cublas", the default until 2026-11-27); the rows ", fold kernels" count the
-default's folds, by kernels of ours (not counted).
+default's folds, by kernels of ours (not counted); the rows ", default kernels" the default's tables and
+folds, both by kernels of ours: what a call launches besides them. Every row counts the launches of our Triton
+kernels too.
 
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """
@@ -133,13 +135,17 @@ class Recorder(TorchDispatchMode):
 
 
 class _NoLaunch:
-    """Stands for the kernels module: ``kernel[grid](...)`` does nothing."""
+    """Stands for the kernels module: ``kernel[grid](...)`` does nothing (with ``counts``, a Counter, it counts
+    the launch by the kernel's name)."""
+
+    def __init__(self, counts: collections.Counter | None = None, name: str = ""):
+        self.counts, self.name = counts, name
 
     def __getattr__(self, name):
-        return _NoLaunch()
+        return _NoLaunch(self.counts, name)
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: None if self.counts is None else self.counts.update([self.name])
 
 
 _AUTOCAST = torch.autocast
@@ -159,13 +165,16 @@ def measure(
     dtype=torch.bfloat16,
     keep: bool = False,
     fold: bool = False,
+    product: bool = False,
 ) -> dict:
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
     (`triton_backend.KEEP_TABLES`), and ``kept_bytes`` is what they hold from the forward to the backward; with
     ``fold`` the fold kernels compute the folds' products and sums where they serve
     (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": kernels of ours, not counted, as the attention
-    kernels are not)."""
+    kernels are not); with ``product`` too the distance tables come from `triton_products`' kernel
+    (`DISTANCE_PRODUCT` "triton"): the default's kernels. Each phase's ``kernels`` counts its launches of our
+    Triton kernels by name."""
     batch = tokens // n
     rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
@@ -174,12 +183,15 @@ def measure(
     q, k, v = (torch.empty(batch, n, heads, dim, device=dev, dtype=dtype).transpose(1, 2) for _ in range(3))
     pos_q, pos_k = (torch.empty(heads, rel.table_rows, dim, device=dev, dtype=dtype) for _ in range(2))
     calls, kept_bytes = {}, [0]
+    kernels = {"forward": collections.Counter(), "backward": collections.Counter()}
+    launched = [kernels["forward"]]  # the phase whose Triton launches are counted
     fwd_body, bwd_body = triton_backend._forward, triton_backend._bwd  # the ops' bodies
 
     def fwd(*inputs):  # the op's body, recorded, and its backward's body on the saved inputs, recorded
         with Recorder() as rec:
             out, lse, position = fwd_body(*inputs)
         calls["forward"] = rec
+        launched[0] = kernels["backward"]
         kept = [position.row, position.col, position.far] if keep and position.dist else []
         # whole buffers: ROW / COL are views from their row 0's cell of distance 0
         kept_bytes[0] = sum(t.untyped_storage().nbytes() for t in kept if t is not None)
@@ -196,12 +208,12 @@ def measure(
     # reads), but a kernel of ours is not counted as work around the kernels
     patches = dict(
         _attention=fwd,
-        _kernels=_NoLaunch,
-        _products=_NoLaunch,  # (the fold kernels'; the tables' products are cuBLAS's here, counted)
+        _kernels=lambda: _NoLaunch(launched[0]),
+        _products=lambda: _NoLaunch(launched[0]),  # (the fold kernels', and with ``product`` the tables')
         FOLD_PRODUCT="triton" if fold else "cublas",
         FOLD_SUMS="triton" if fold else "cublas",
         NEAR_BAND=near_band,
-        DISTANCE_PRODUCT="cublas",
+        DISTANCE_PRODUCT="triton" if product else "cublas",
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
     )
     with mock.patch.multiple(triton_backend, **patches):
@@ -213,7 +225,9 @@ def measure(
     row = dict(
         n=n,
         batch=batch,
-        near_band=near_band + (", tables kept" if keep else "") + (", fold kernels" if fold else ""),
+        near_band=near_band
+        + (", tables kept" if keep else "")
+        + (", default kernels" if product else ", fold kernels" if fold else ""),
     )
     row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
@@ -223,6 +237,7 @@ def measure(
             bytes=rec.bytes,
             launch_bytes=rec.launch_bytes,
             launches=dict(rec.launches),
+            kernels=dict(kernels[phase]),
         )
     return row
 
@@ -230,7 +245,8 @@ def measure(
 def _table(rows: list[dict]) -> str:
     head = (
         "| N | batch | near band | phase | fp32 GFLOP | 16-bit GFLOP | fp32 / attention | 16-bit / attention "
-        "| GB moved | ops launched | GB kept for the backward |\n|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| GB moved | ops launched | Triton launches | GB kept for the backward |\n"
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
@@ -241,7 +257,8 @@ def _table(rows: list[dict]) -> str:
             lines.append(
                 f"| {r['n']} | {r['batch']} | {r['near_band']} | {phase} | {c['fp32_flops'] / 1e9:.1f} "
                 f"| {c['half_flops'] / 1e9:.1f} | {c['fp32_flops'] / attention:.1%} | {c['half_flops'] / attention:.1%} "
-                f"| {c['bytes'] / 1e9:.2f} | {sum(c['launches'].values())} | {kept if phase == 'forward' else ''} |"
+                f"| {c['bytes'] / 1e9:.2f} | {sum(c['launches'].values())} | {sum(c['kernels'].values())} "
+                f"| {kept if phase == 'forward' else ''} |"
             )
     return "\n".join(lines)
 
@@ -266,6 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     # and with the backward's fold products and sums by the fold kernels (`triton_backend.FOLD_PRODUCT`,
     # `FOLD_SUMS`)
     rows += [measure(n, args.tokens, args.heads, args.dim, "distance", fold=True) for n in args.lengths]
+    # and with the tables' products by `triton_products`' kernel too: the default's kernels
+    rows += [
+        measure(n, args.tokens, args.heads, args.dim, "distance", fold=True, product=True)
+        for n in args.lengths
+    ]
     table = _table(rows)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -368,10 +368,10 @@ def _compile_products_kernel(
 
 
 # what the fold kernels' launches (`triton_backend._kernel_fold_product`, `_kernel_fold_sums`) pass as
-# multiples of 16 where the GPU benchmark's shapes give them: the pointers, DW - 1, a group's cells M·DW, the
-# rows per band and batch row LB and per group M, the tokens N, the gradients' and the content's strides. DW
-# itself is odd: the loads are 16 bytes wide only where the kernel's arithmetic shows each read's start a
-# multiple of 16 bytes
+# multiples of 16 where the GPU benchmark's shapes give them: the pointers (the second side's too), DW - 1, a
+# group's cells M·DW, the rows per band and batch row LB and per group M, the tokens N, the gradients' and the
+# content's strides. DW itself is odd: the loads are 16 bytes wide only where the kernel's arithmetic shows each
+# read's start a multiple of 16 bytes
 FOLD_ALIGNED = {
     "DIST",
     "T",
@@ -379,6 +379,11 @@ FOLD_ALIGNED = {
     "OUT",
     "CONTENT",
     "PER_CLASS",
+    "DIST2",
+    "T2",
+    "GRAD2",
+    "OUT2",
+    "CONTENT2",
     "DW1",
     "GROUP",
     "stride_gb",
@@ -386,6 +391,7 @@ FOLD_ALIGNED = {
     "stride_gn",
     "stride_cg",
     "stride_cm",
+    "stride_cb",
     "N",
     "LB",
     "M",
@@ -393,23 +399,34 @@ FOLD_ALIGNED = {
 
 
 def compile_fold_kernel(
-    dtype: str, head_dim: int, tiles: Tiles, capability: int = 90, sums: bool = False
+    dtype: str,
+    head_dim: int,
+    tiles: Tiles,
+    capability: int = 90,
+    sums: bool = False,
+    pair: bool = False,
+    banded: bool = False,
 ) -> Compiled:
     """`triton_products._fold_product_kernel` (with ``sums``: `_fold_sums_kernel`) compiled for
     ``sm_<capability>`` as `compile_product_kernel` compiles the product kernel, the launch's multiples of 16
-    told (`FOLD_ALIGNED`). ``ops["LDG.V4"]`` counts the PTX's 16-byte reads (``ld.global.v4`` and, in the
-    pipelined loop, ``cp.async`` of 16 bytes) and ``ops["LDG.ELEM"]`` its loads of one 16-bit element
-    (``ld.global.b16``): the buffer's whole blocks are read 16 bytes at a time, the last block of each row
-    (masked by column too) element by element."""
+    told (`FOLD_ALIGNED`); with ``pair`` both sides in one launch (`triton_backend.FOLD_LAUNCHES` "one"), with
+    ``banded`` (the sums kernel) the content read where q / k lie, in bands.
+    ``ops["LDG.V4"]`` counts the PTX's 16-byte reads (``ld.global.v4`` and, in the pipelined loop,
+    ``cp.async`` of 16 bytes) and ``ops["LDG.ELEM"]`` its loads of one 16-bit element (``ld.global.b16``): the
+    buffer's whole blocks are read 16 bytes at a time, the last block of each row (masked by column too)
+    element by element."""
     from debertakit.attention import triton_products
 
     fn = triton_products._fold_sums_kernel if sums else triton_products._fold_product_kernel
     constexprs = dict(
-        D=head_dim, PREC=1 if dtype == "fp32" else 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n
+        D=head_dim, PREC=1 if dtype == "fp32" else 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PAIR=pair
     )
+    if sums:
+        constexprs["BANDED"] = banded
     pointers = dict(
         DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype, CONTENT="*" + dtype, PER_CLASS="*fp32"
     )
+    pointers.update({name + "2": pointers[name] for name in ("DIST", "T", "GRAD", "OUT", "CONTENT")})
     result, ptx = _compile_products_kernel(fn, constexprs, pointers, FOLD_ALIGNED, tiles, capability)
     async16 = re.findall(r"cp\.async\.\w+\.shared\.global .*, 0x10", ptx)
     result.ops["LDG.V4"] = ptx.count("ld.global.v4") + len(async16)

@@ -1305,54 +1305,112 @@ def _gradient_buffer(
     return buffer
 
 
-def _fold_bands(
-    dist: Tensor,
-    table: Tensor,
-    content: Tensor,
-    cells: Tensor,
-    grad: Tensor,
-    batch: int,
-    n: int,
-    band: int,
-    scale: float,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
+class _FoldSide(NamedTuple):
+    """One side of the backward's folds on the distance road (`_fold_bands`): dQ's (ROW's cells, Kr's rows, q)
+    or dK's (COL's, Qr's, k)."""
+
+    dist: Tensor  # the distance-space gradient buffer in the tables' layout (`_gradient_buffer`)
+    table: Tensor  # the position table (H, R, d) its cells stand for: Kr for dQ's side, Qr for dK's
+    x: Tensor  # the content (B, H, N, d): q for dQ's side, k for dK's, through its strides
+    heads: Tensor  # ``x`` per head (`_per_head`), which the cuBLAS folds read band-major
+    cells: Tensor  # (bands, cells) the table row each cell stands for (`_distance_cells`)
+    grad: Tensor  # dQ or dK (B, H, N, d), float32, the kernels' part
+    n: int  # tokens per batch row
+    band: int  # rows per band and batch row (with one band: the padded rows)
+
+
+def _fold_bands(side: _FoldSide, batch: int, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """`_fold_into_content` and `_fold_into_table` for a gradient buffer in bands (`_gradient_buffer`): per
     (head, band) its (B·band, cells) rows against the position-table rows its ``cells`` (bands, cells) index
     (`_distance_cells`, the tables' own: a band's cell e stands for the same distance in the gradient as in the
     table), added to ``grad`` (B, H, N, d, float32) from a float32 (H, B·N', d) product read in place (no copy
     into ``grad``'s order: `_add_bands`, which writes the sum in ``dtype``; with one band of unpadded rows in
     ``grad``'s per-head view, `_per_head_view`, the products add into it in their epilogue), and against the
-    ``content`` rows (H, B·N, d) copied band-major, folded into the table's rows through the cells. Returns
-    ``grad`` with the product added (in ``dtype`` where `_add_bands` or the fold kernel wrote it, else ``grad``
-    itself) and the table's gradient (H, R, d), float32. With `FOLD_PRODUCT` or `FOLD_SUMS` "triton" the
-    product or the sums of a buffer at an odd row stride are the fold kernels' (`_kernel_fold_product`,
-    `_kernel_fold_sums`), the other fold cuBLAS's as before."""
-    H, d = table.shape[0], table.shape[2]
-    bands, width = cells.shape
-    per_band = dist.view(H * bands, batch * band, dist.shape[-1])
-    content, rows = _band_major(content, batch, n, band, bands), _cell_rows(table, cells)
-    if _by_residues(dist.shape[-1]):
+    content rows, folded into the table's rows through the cells. Returns ``grad`` with the product added (in
+    ``dtype`` where `_add_bands` or the fold kernel wrote it, else ``grad`` itself) and the table's gradient (H,
+    R, d), float32. With `FOLD_PRODUCT` or `FOLD_SUMS` "triton" the product or the sums of a buffer at an odd
+    row stride are the fold kernels' (`_kernel_fold_product`, `_kernel_fold_sums`, which reads q / k where they
+    lie), the other fold cuBLAS's as before (its content rows copied band-major)."""
+    H, d = side.table.shape[0], side.table.shape[2]
+    bands, width = side.cells.shape
+    per_band = _per_band(side)
+    rows = _cell_rows(side.table, side.cells)
+    grad = side.grad
+    if _by_residues(per_band.shape[-1]):
         by_kernel, sums_by_kernel = _fold_kernels_serve(per_band)
         # one band of unpadded rows is grad's per-head layout: the products add into it (a float32 (H, B·N, d)
         # product neither written nor read back: 0.1 GB a fold at batch·N = 16384, `triton_host_cost.py`)
-        one = bands == 1 and band == n and not by_kernel
+        one = bands == 1 and side.band == side.n and not by_kernel
         target = _per_head_view(grad) if one else None
+        content = None if sums_by_kernel else _band_major(side.heads, batch, side.n, side.band, bands)
         product, per_cell = _residue_folds(
-            per_band, None if by_kernel else rows, None if sums_by_kernel else content, width, target, scale
+            per_band, None if by_kernel else rows, content, width, target, scale
         )
         if sums_by_kernel:
-            per_cell = _kernel_fold_sums(per_band, content, width)
+            per_cell = _kernel_fold_sums([per_band], [_fold_content(side, batch)], width, side.band)[0]
         if by_kernel:  # writes grad + product in dtype
-            grad = _kernel_fold_product(per_band, rows, grad, band, scale, dtype)
+            grad = _kernel_fold_product([per_band], [rows], [grad], side.band, scale, dtype)[0]
         elif target is None:  # the product, read in grad's order and added
-            grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
+            grad = _add_bands(grad, product.view(H, bands, batch, side.band, d), side.n, scale, dtype)
     else:  # the rows' cells at their aligned stride: cuBLAS reads them in place
         per_band = per_band[..., :width]
+        content = _band_major(side.heads, batch, side.n, side.band, bands)
         product = _matmul_f32(per_band, rows)  # (H·bands, B·band, d)
         per_cell = _matmul_f32(per_band.transpose(-1, -2), content)  # (H·bands, cells, d)
-        grad = _add_bands(grad, product.view(H, bands, batch, band, d), n, scale, dtype)
-    return grad, _into_rows(per_cell.reshape(H, bands * width, d), cells.flatten(), table.shape[1], scale)
+        grad = _add_bands(grad, product.view(H, bands, batch, side.band, d), side.n, scale, dtype)
+    return grad, _into_rows(
+        per_cell.reshape(H, bands * width, d), side.cells.flatten(), side.table.shape[1], scale
+    )
+
+
+def _per_band(side: _FoldSide) -> Tensor:
+    """A side's gradient buffer as (H·bands, B·band, DW): one group per (head, band)."""
+    return side.dist.view(side.table.shape[0] * side.cells.shape[0], -1, side.dist.shape[-1])
+
+
+# How many launches of each fold kernel fold a backward's two sides (dQ's and dK's): "one", both sides in one
+# grid (`triton_products`' ``PAIR``: a launch fewer of each kernel, one reduction of the classes' sums, one
+# allocation of the tables' gradients), where the two agree in shapes, strides and dtypes (`_paired_folds`);
+# "two", one launch a side. The benchmark's row "triton (folds in two launches)" times the second beside the
+# first.
+FOLD_LAUNCHES_MODES = ("one", "two")
+FOLD_LAUNCHES = "one"
+
+
+def _paired_folds(a: _FoldSide, b: _FoldSide) -> bool:
+    """Whether one launch of each fold kernel folds both sides (`FOLD_LAUNCHES`): both kernels serve both
+    buffers at their odd row stride (`_fold_kernels_serve`), the buffers, contents, gradients and tables alike
+    in shape and strides, and the tables in the buffers' dtype (so that each side's gradient is converted into
+    a tensor of its own, `_position_grad`)."""
+    _check_mode("FOLD_LAUNCHES", FOLD_LAUNCHES, FOLD_LAUNCHES_MODES)
+    if FOLD_LAUNCHES != "one" or not _by_residues(a.dist.shape[-1]):
+        return False
+    if not all(_fold_kernels_serve(a.dist)) or a.n != b.n or a.band != b.band:
+        return False
+    alike = all(
+        getattr(a, f).shape == getattr(b, f).shape and getattr(a, f).stride() == getattr(b, f).stride()
+        for f in ("dist", "table", "x", "cells", "grad")
+    )
+    return alike and a.dist.dtype == b.dist.dtype == a.x.dtype == b.x.dtype == a.table.dtype == b.table.dtype
+
+
+def _fold_pair(
+    a: _FoldSide, b: _FoldSide, batch: int, scale: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`_fold_bands` of both sides (`_paired_folds`), each fold kernel launched once for both: (a's gradient
+    plus its product, b's, a's table's gradient, b's), the gradients in ``dtype`` and the tables' (2, H, R, d)
+    float32 in one buffer (one allocation; the classes' sums reduced once for both)."""
+    H, R, d = a.table.shape
+    bands, width = a.cells.shape
+    dists = [_per_band(a), _per_band(b)]
+    rows = [_cell_rows(a.table, a.cells), _cell_rows(b.table, b.cells)]
+    grads = _kernel_fold_product(dists, rows, [a.grad, b.grad], a.band, scale, dtype)
+    contents = [_fold_content(a, batch), _fold_content(b, batch)]
+    per_cell = _kernel_fold_sums(dists, contents, width, a.band)  # (2, H·bands, width, d)
+    tables = per_cell.new_zeros((2, H, R, d))
+    for table, sums, side in zip(tables, per_cell, (a, b)):
+        table.index_add_(1, side.cells.flatten(), sums.view(H, bands * width, d), alpha=scale)
+    return *grads, *tables
 
 
 def _sum_output(grad: Tensor, dtype: torch.dtype) -> Tensor:
@@ -1422,24 +1480,33 @@ def _fold_kernels_serve(dist: Tensor) -> tuple[bool, bool]:
 
 
 def _kernel_fold_product(
-    dist: Tensor, rows: Tensor, grad: Tensor, band: int, alpha: float, dtype: torch.dtype
-) -> Tensor:
-    """``grad`` (B, H, N, d) float32 plus ``alpha`` times the product of ``dist`` (H·bands, B·band, DW), a
-    gradient buffer at an odd row stride in the tables' layout, with the (H·bands, W, d) table rows its cells
-    stand for, by `triton_products`' fold kernel: a tensor in ``dtype`` with ``grad``'s strides (``grad``
-    itself where ``dtype`` is float32), the padding rows left out. ``band`` (rows per band and batch row, or
-    one band's padded rows) is a multiple of 16, so no read of the kernel's passes the buffer's end."""
-    out = _sum_output(grad, dtype)
+    dists: list[Tensor],
+    rows: list[Tensor],
+    grads: list[Tensor],
+    band: int,
+    alpha: float,
+    dtype: torch.dtype,
+) -> list[Tensor]:
+    """Per side (one, or two in one launch: `FOLD_LAUNCHES`), ``grad`` (B, H, N, d) float32 plus ``alpha`` times
+    the product of ``dist`` (H·bands, B·band, DW), a gradient buffer at an odd row stride in the tables'
+    layout, with the (H·bands, W, d) table rows its cells stand for, by `triton_products`' fold kernel: a
+    tensor in ``dtype`` with ``grad``'s strides (``grad`` itself where ``dtype`` is float32), the padding rows
+    left out. ``band`` (rows per band and batch row, or one band's padded rows) is a multiple of 16, so no read
+    of the kernel's passes the buffer's end. The sides agree in shapes and strides (`_paired_folds`)."""
+    outs = [_sum_output(grad, dtype) for grad in grads]
+    dist, grad = dists[0], grads[0]
     _, H, n, d = grad.shape
     groups, m, dw = dist.shape
-    assert band % RESIDUES == 0 and _by_residues(dw) and out.stride() == grad.stride(), (band, dw)
+    assert band % RESIDUES == 0 and _by_residues(dw) and outs[0].stride() == grad.stride(), (band, dw)
     t = FOLD_TILES
-    grid = (RESIDUES * triton_cdiv(m // RESIDUES, t.block_m), groups)
+    grid = (RESIDUES * triton_cdiv(m // RESIDUES, t.block_m), groups * len(dists))
+    second = [dists[-1], rows[-1].contiguous(), grads[-1], outs[-1]]  # (the first side's, unpaired: unused)
     _products()._fold_product_kernel[grid](
-        dist, rows.contiguous(), grad, out, alpha, dw - 1, m * dw, *grad.stride()[:3], n, band, groups // H, m,
-        rows.shape[1], D=d, PREC=_precision(dist), **_launch(t),
+        dist, rows[0].contiguous(), grad, outs[0], alpha, dw - 1, m * dw, *grad.stride()[:3], n, band,
+        groups // H, m, rows[0].shape[1], *second, D=d, PREC=_precision(dist), PAIR=len(dists) == 2,
+        **_launch(t),
     )  # fmt: skip
-    return out
+    return outs
 
 
 def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
@@ -1509,21 +1576,53 @@ def _class_sums(per_class: Tensor, width: int) -> Tensor:
     return diagonal.sum(2)
 
 
-def _kernel_fold_sums(dist: Tensor, content: Tensor, width: int) -> Tensor:
-    """The per-cell sums of `_residue_folds` (G, width, d), float32, by `triton_products`' sums kernel: one
-    launch that writes the per-class sums, which `_class_sums` adds into cells. ``content`` (G, M, d) with a
-    unit stride in d."""
+def _kernel_fold_sums(dists: list[Tensor], contents: list[Tensor], width: int, band: int) -> Tensor:
+    """The per-cell sums of `_residue_folds` per side (one, or two in one launch: `FOLD_LAUNCHES`), (sides,
+    H·bands, width, d), float32, by `triton_products`' sums kernel: one launch that writes the per-class sums,
+    which `_class_sums` adds into cells (once for both sides). Each ``dist`` (H·bands, B·band, DW) a gradient
+    buffer at an odd row stride in the tables' layout, its ``content`` (`_fold_content`) the rows of q / k:
+    (B, H, N, d) where they lie, the kernel finding each buffer row's token (bands of ``band`` rows, a power of
+    two; 32-bit offsets within a head), or (H·bands, B·band, d) in the buffer's row order; d contiguous."""
+    dist, content = dists[0], contents[0]
     groups, m, dw = dist.shape
-    d = content.shape[2]
-    assert m % RESIDUES == 0 and _by_residues(dw) and content.stride(2) == 1, (m, dw)
-    per_class = content.new_empty((groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
+    d = content.shape[-1]
+    banded = content.dim() == 4
+    assert m % RESIDUES == 0 and _by_residues(dw) and content.stride(-1) == 1, (m, dw)
+    assert all(c.shape == content.shape and c.stride() == content.stride() for c in contents), "sides differ"
+    if banded:  # (B, H, N, d): head, token and batch strides
+        _, H, n, _ = content.shape
+        strides, log2 = (content.stride(1), content.stride(2), content.stride(0)), _log2_band(band)
+        assert band == 1 << log2 and m % band == 0, (band, m)
+    else:  # (G, M, d) in the buffer's order: group g's rows at g·stride(0)
+        H, n, log2 = groups, band, 0
+        strides = (content.stride(0), content.stride(1), 0)
+    per_class = dist.new_empty((len(dists) * groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
     t = FOLD_SUMS_TILES
-    grid = (RESIDUES * triton_cdiv(width + RESIDUES - 1, t.block_n), groups)
+    grid = (RESIDUES * triton_cdiv(width + RESIDUES - 1, t.block_n), len(dists) * groups)
     _products()._fold_sums_kernel[grid](
-        dist, content, per_class, dw - 1, m * dw, content.stride(0), content.stride(1), m, width, D=d,
-        PREC=_precision(dist), **_launch(t),
+        dist, content, per_class, dw - 1, m * dw, *strides, n, log2, groups // H, m, width, dists[-1],
+        contents[-1], D=d, PREC=_precision(dist), PAIR=len(dists) == 2, BANDED=banded, **_launch(t),
     )  # fmt: skip
-    return _class_sums(per_class, width)
+    return _class_sums(per_class, width).view(len(dists), groups, width, d)
+
+
+def _fold_content(side: _FoldSide, batch: int) -> Tensor:
+    """What the fold sums kernel reads of a side's content rows (`_kernel_fold_sums`): in bands q / k where they
+    lie, (B, H, N, d), without a band-major copy (at v3's N = 512, 25 MB read and written a side, in two
+    launches a backward: `benchmarks/triton_host_cost.py`); with one band, or where a head's offsets pass 32
+    bits (`CONTENT_OFFSETS`), q / k per head in the buffer's row order (`_band_major`: with one band a view
+    where N needs no padding rows and q / k have a per-head view)."""
+    bands = side.cells.shape[0]
+    head = side.x.select(1, 0)  # (the kernel adds the head's offset in 64 bits)
+    if bands > 1 and sum((n - 1) * st for n, st in zip(head.shape, head.stride())) < CONTENT_OFFSETS:
+        return side.x
+    return _band_major(side.heads, batch, side.n, side.band, bands)
+
+
+# The offsets within a head that the fold sums kernel computes in 32 bits, where it reads q / k in place
+# (`_fold_content`): shorter integer work per row in its loop than 64-bit offsets (compiled for sm_90, d 64:
+# 273 instructions a step against 313).
+CONTENT_OFFSETS = 2**31
 
 
 def _fold_into_content(dist: Tensor, table: Tensor, lut: Tensor, grad: Tensor, scale: float) -> None:
@@ -1641,10 +1740,18 @@ def _bwd(
         # the position tables' gradients in float32, each the sum of its terms (rounded once, at the end)
         dpos_q = dpos_k = None
         if like_tables:  # (the distance road: no p2p)
+            q_side = k_side = None
             if dq_dist is not None:
-                dq, dpos_k = _fold_bands(dq_dist, pos_k, q_heads, cells[0], dq, B, NQ, q_band, scale, q.dtype)
+                q_side = _FoldSide(dq_dist, pos_k, q, q_heads, cells[0], dq, NQ, q_band)
             if dk_dist is not None:
-                dk, dpos_q = _fold_bands(dk_dist, pos_q, k_heads, cells[1], dk, B, NK, k_band, scale, k.dtype)
+                k_side = _FoldSide(dk_dist, pos_q, k, k_heads, cells[1], dk, NK, k_band)
+            if q_side is not None and k_side is not None and _paired_folds(q_side, k_side):
+                dq, dk, dpos_k, dpos_q = _fold_pair(q_side, k_side, B, scale, q.dtype)
+            else:
+                if q_side is not None:
+                    dq, dpos_k = _fold_bands(q_side, B, scale, q.dtype)
+                if k_side is not None:
+                    dk, dpos_q = _fold_bands(k_side, B, scale, k.dtype)
         elif dq_dist is not None:  # ROW = Q·Krᵀ + p2p, scores (… + ROW) · scale
             if c2p:
                 _fold_into_content(dq_dist, pos_k, q_lut, dq, scale)

@@ -279,10 +279,15 @@ def _fold_product_kernel(
     BANDS,
     M,  # rows per group, B·LB
     W,
+    DIST2,  # with PAIR: the second side's buffer (dK's, as DIST is dQ's), at DIST's shapes and strides
+    T2,  # with PAIR: its table rows (Qr's, as T holds Kr's)
+    GRAD2,  # with PAIR: dK, at GRAD's strides
+    OUT2,  # with PAIR: where dK's sum goes
     D: tl.constexpr,
     PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAIR: tl.constexpr = False,  # both sides in one launch: the grid's second half folds the second (below)
 ):
     """One program: BLOCK_M rows of one residue s modulo 8 (rows s + 8·i) of group g = (head, band), their
     product with the table rows over all W cells, added to GRAD and stored to OUT. Row m of a group is token
@@ -292,9 +297,16 @@ def _fold_product_kernel(
     zeros outside 0 … W - 1 (the cells there are the rows beside it, or past the row's own). The column blocks
     run to W + 7 (no cell past the buffer: its last row, residue 7, M being a multiple of 8, ends at its cell
     W - 1); the whole blocks load under the row mask alone, 16 bytes at a time, the last one masked by column
-    too."""
+    too. With PAIR the grid's second axis runs over both sides' groups, the second half folding DIST2 with T2
+    into GRAD2 / OUT2 (`_side`)."""
     pid = tl.program_id(0)
     g = tl.program_id(1)
+    if PAIR:
+        g, second = _side(g)
+        DIST = tl.where(second, DIST2, DIST)
+        T = tl.where(second, T2, T)
+        GRAD = tl.where(second, GRAD2, GRAD)
+        OUT = tl.where(second, OUT2, OUT)
     s = pid % 8
     i = (pid // 8) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = s + 8 * i
@@ -328,6 +340,15 @@ def _fold_product_kernel(
 
 
 @triton.jit
+def _side(g):
+    """(group, second) of a program in a paired launch: the grid's second axis holds the first side's groups,
+    then as many of the second's."""
+    half = tl.num_programs(1) // 2
+    second = g >= half
+    return g - second * half, second
+
+
+@triton.jit
 def _class_reads(g, GROUP, s, DW1, i):
     """(BLOCK, 1) offsets, 64-bit, of column 0 of the reads of rows s + 8·i of group g in a buffer at the odd
     row stride DW1 + 1: s cells before each row's first, at s·(DW - 1) + 8·i·DW, a multiple of 8 elements (16
@@ -347,50 +368,77 @@ def _fold_step(x, tab, cells, W, D: tl.constexpr, acc, PREC: tl.constexpr):
 @triton.jit
 def _fold_sums_kernel(
     DIST,  # (G, M, DW) a gradient buffer at an odd row stride DW ≡ 1 (mod 16), as `_fold_product_kernel` reads
-    CONTENT,  # (G, M, D) through strides: q (or k) rows in the buffer's row order, D contiguous
-    PER_CLASS,  # (G, W + 7, 8, D) float32 contiguous: column c's sums over the rows of residue s at [g, c, s]
+    CONTENT,  # q (or k) rows, D contiguous: with BANDED (B, H, N, D) as they lie, else (G, M, D) in DIST's order
+    PER_CLASS,  # (G, W + 7, 8, D) float32 contiguous (with PAIR 2·G): column c's sums over residue s at [g, c, s]
     DW1,  # DW - 1, a multiple of 16
     GROUP,  # M·DW: one group's buffer
-    stride_cg,
-    stride_cm,
-    M,
+    stride_cg,  # CONTENT's strides: with BANDED per head, else per group (one band: group g is head g)
+    stride_cm,  # with BANDED per token, else per row
+    stride_cb,  # with BANDED per batch row
+    N,  # with BANDED: tokens per batch row
+    LOG2_LB,  # with BANDED: log2 of the rows per band and batch row
+    BANDS,
+    M,  # rows per group (with BANDED: B·LB)
     W,
+    DIST2,  # with PAIR: the second side's buffer (dK's, as DIST is dQ's), at DIST's shapes and strides
+    CONTENT2,  # with PAIR: its content rows (k, as CONTENT is q), at CONTENT's strides
     D: tl.constexpr,
     PREC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PAIR: tl.constexpr = False,  # both sides in one launch: the grid's second half sums the second (below)
+    BANDED: tl.constexpr = False,  # the content read where q / k lie, in bands (below)
 ):
-    """One program: BLOCK_N columns of the rows of one residue s modulo 8 of group g, read as
+    """One program: BLOCK_N columns of the rows of one residue s modulo 8 of group g = (head, band), read as
     `_fold_product_kernel` reads them (column c is the row's cell c - s), summed over those rows against their
     content rows: PER_CLASS[g, c, s] = Σ_i DIST[row s + 8·i, c - s] · CONTENT[row s + 8·i]. The classes are
     summed into cells after (`triton_backend._class_sums`: cell x is column x + s of class s), so nothing is
     summed by two programs. A whole column block loads under the row mask alone, 16 bytes at a time; the last,
-    past W + 7, is masked by column too (a branch per program)."""
+    past W + 7, is masked by column too (a branch per program).
+
+    With BANDED (the tables in bands of LB = 2**LOG2_LB rows) the content rows are read where q / k lie, in
+    the buffer's row order: row m of group (h, band) is token band·LB + m mod LB of batch row m // LB (a shift
+    and a mask: a division per row made the loop's body 40% longer, compiled for sm_90), rows of padding
+    tokens (at or past N) zeros, as the buffer's are; no band-major copy of q / k. Without, one band, they are
+    given in the buffer's order (q / k per head: a view where the projections' layout has one).
+
+    With PAIR the grid's second axis runs over both sides' groups, the second half summing DIST2 against
+    CONTENT2 into PER_CLASS's second half (`_side`)."""
     pid = tl.program_id(0)
     g = tl.program_id(1)
+    sums = (
+        g.to(tl.int64) * (W + 7) * 8 * D
+    )  # this program's sums: the grid's second axis runs over PER_CLASS's
+    if PAIR:
+        g, second = _side(g)
+        DIST = tl.where(second, DIST2, DIST)
+        CONTENT = tl.where(second, CONTENT2, CONTENT)
+    h, band = g // BANDS, g % BANDS
     s = pid % 8
     cols = (pid // 8) * BLOCK_N + tl.arange(0, BLOCK_N)
     wide = W + 7  # columns read per row
-    content = CONTENT + g.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
+    content = CONTENT + h.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
     acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
     if (pid // 8) * BLOCK_N + BLOCK_N <= wide:
         for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
             acc = _sums_step(
-                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, False, acc, BLOCK_M, PREC
-            )
+                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, False,
+                acc, BLOCK_M, PREC, BANDED,
+            )  # fmt: skip
     else:
         for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
             acc = _sums_step(
-                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, True, acc, BLOCK_M, PREC
-            )
-    out = PER_CLASS + g.to(tl.int64) * wide * 8 * D + (cols[:, None] * 8 + s) * D + tl.arange(0, D)[None, :]
+                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, True,
+                acc, BLOCK_M, PREC, BANDED,
+            )  # fmt: skip
+    out = PER_CLASS + sums + (cols[:, None] * 8 + s) * D + tl.arange(0, D)[None, :]
     tl.store(out, acc, mask=(cols < wide)[:, None])
 
 
 @triton.jit
 def _sums_step(
-    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, M, wide, MASK_COLS: tl.constexpr, acc,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide,
+    MASK_COLS: tl.constexpr, acc, BLOCK_M: tl.constexpr, PREC: tl.constexpr, BANDED: tl.constexpr,
 ):  # fmt: skip
     """acc + (BLOCK_M rows of residue s from i0 on, their columns ``cols``)ᵀ @ their content rows; with
     MASK_COLS the columns at or past ``wide`` are left out."""
@@ -399,5 +447,12 @@ def _sums_step(
     ok = rows < M
     mask = ok[:, None] & (cols < wide)[None, :] if MASK_COLS else ok[:, None]
     x = tl.load(DIST + _class_reads(g, GROUP, s, DW1, i) + cols[None, :], mask=mask, other=0.0)
-    c = tl.load(content + rows.to(tl.int64)[:, None] * stride_cm, mask=ok[:, None], other=0.0)
+    if BANDED:  # row m: token band·LB + m mod LB of batch row m // LB
+        token = (band << LOG2_LB) + (rows & ((1 << LOG2_LB) - 1))
+        at = (
+            rows >> LOG2_LB
+        ) * stride_cb + token * stride_cm  # (32-bit: the caller checks the content's size)
+        c = tl.load(content + at[:, None], mask=(ok & (token < N))[:, None], other=0.0)
+    else:
+        c = tl.load(content + rows.to(tl.int64)[:, None] * stride_cm, mask=ok[:, None], other=0.0)
     return _mm_add(tl.trans(x), c, acc, PREC)

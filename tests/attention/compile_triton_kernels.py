@@ -236,13 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     # (with --fold-sweep at the GPU suite's shapes too, both kernels)
     folds_unfit = []
     sweep = _fold_sweep() if args.fold_sweep else []
-    for dtype, head_dim, sums, swept in itertools.product(
-        ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), (False, True), [None, *sweep]
+    # each side alone and both in one launch (`FOLD_LAUNCHES`); the sums' content in the buffer's row order
+    # and, in bands, where q / k lie (`_fold_content`)
+    variants = [(False, pair, False) for pair in (False, True)]
+    variants += [(True, pair, banded) for pair in (False, True) for banded in (False, True)]
+    for dtype, head_dim, (sums, pair, banded), swept in itertools.product(
+        ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), variants, [None, *sweep]
     ):
         tiles = swept or (FOLD_SUMS_TILES if sums else FOLD_TILES)
-        c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums)
+        c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums, pair=pair, banded=banded)
         n += 1
         name = f"{'_fold_sums_kernel' if sums else '_fold_product_kernel'} {dtype} d{head_dim} {tiles}"
+        name += (" both sides" if pair else "") + (" in bands" if banded else "")
         print(f"{name}: {c}")
         # no spills, tensor-core products, the whole blocks read 16 bytes at a time, and one loop: over the
         # cells (the product), or over the rows in each of the sums' two branches (whole and masked columns)

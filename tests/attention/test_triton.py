@@ -1055,9 +1055,9 @@ def test_banded_tables_take_their_gradients_in_bands(monkeypatch, name, stores):
         buffers.append((heads, rows, stride))
         return real_buffer(heads, rows, stride, *args)
 
-    def fold(dist, table, content, cells, *args):
-        folds.append(tuple(cells.shape))
-        return real_fold(dist, table, content, cells, *args)
+    def fold(side, *args):
+        folds.append(tuple(side.cells.shape))
+        return real_fold(side, *args)
 
     def stride(sat, band, cells, farthest):
         strides.append((sat, band, cells.shape[2]))
@@ -2422,21 +2422,23 @@ def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["both", "both, two launches"])
 @pytest.mark.parametrize("n", [512, 2048])
-def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n):
+def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n, kernels):
     """`FOLD_PRODUCT` and `FOLD_SUMS` "triton" at v3's N = 512 and 2048 (batch·N = 4096, 12 heads, d 64,
-    bfloat16: 64-row bands, and one band with far tiles): each fold kernel launched once a side, reading the
-    buffers 16 bytes at a time as these launches compiled them (``cp.async`` of 16 bytes or ``ld.global.v4``),
-    and the call within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
+    bfloat16: 64-row bands, the sums reading q / k in place, and one band with far tiles): each fold kernel
+    launched once for both sides (`FOLD_LAUNCHES` "one") or once a side ("two"), reading the buffers 16 bytes
+    at a time as these launches compiled them (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call
+    within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
     _set_backend(monkeypatch, FOLD_MATMULS)
     want_out, want = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
-    _set_backend(monkeypatch, FOLD_KERNELS["both"])
+    _set_backend(monkeypatch, FOLD_KERNELS[kernels])
     compiled = _record_compiled(monkeypatch)  # the tables' product kernel's launches and the fold kernels'
     out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     folds = [k.asm["ptx"] for k in compiled if "_fold_" in k.asm["ptx"]]
-    assert len(folds) == 4, len(compiled)
+    assert len(folds) == (2 if kernels == "both" else 4), len(compiled)
     assert all("ld.global.v4" in p or re.search(r"cp\.async\.\w+\.shared\.global .*, 0x10", p) for p in folds)
     ref = _run(eager_attention, c, _reference_inputs(inputs, "cuda"), _geometry(c, "cuda"), _grad_out(out))
     _assert_close(c, inputs, torch.bfloat16, (out, *got), (ref[0], *ref[1]))
@@ -2843,14 +2845,14 @@ def test_gpu_benchmark_tile_sweep_of_the_fold_kernels(tmp_path, monkeypatch, cap
     assert row["impl"] == "triton 32x128 w4 s3 distance (_fold_product_kernel, _fold_sums_kernel)"
     assert row["fwd_bwd_kernels_ms"] and "fwd_bwd_queued_ms" not in row, row
     assert "kernel time per call" in capsys.readouterr().out
-    # each kernel once a table (c2p, p2c) in each profiled forward+backward, at the swept shape, the attention
-    # kernels at theirs
+    # each kernel once for both tables (c2p, p2c: `FOLD_LAUNCHES` "one") in each profiled forward+backward, at
+    # the swept shape, the attention kernels at theirs
     assert {(t, tiles) for t, tiles, _ in seen} == {
         (t, Tiles(32, 128, 4, 3)) for t in ("FOLD_TILES", "FOLD_SUMS_TILES")
     }
     assert not any(overrides for *_, overrides in seen)
     launches = collections.Counter(t for t, *_ in seen)
-    assert launches == {"FOLD_TILES": 2, "FOLD_SUMS_TILES": 2}
+    assert launches == {"FOLD_TILES": 1, "FOLD_SUMS_TILES": 1}  # both tables' folds in one launch each
     assert (triton_backend.FOLD_TILES, triton_backend.FOLD_SUMS_TILES) == defaults  # restored
     with pytest.raises(SystemExit, match="kernels of the distance road, not of 'tables'"):
         bench.main([*args[:-1], "tables"])
@@ -3244,6 +3246,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (product block programs)",
         "triton (product edges masked)",
         "triton (tables in two launches)",
+        "triton (folds in two launches)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
         "triton (tables kept)",
@@ -3367,8 +3370,20 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     kept = "distance, tables kept"  # the forward's tables kept for the backward (`KEEP_TABLES`)
     fold = "distance, fold kernels"  # the folds' products and sums by the fold kernels (`FOLD_PRODUCT`, `FOLD_SUMS`)
-    assert {r["near_band"] for r in rows} == {"tables", "distance", "skew-forward", "skew", kept, fold}
+    default = "distance, default kernels"  # and the tables' products by `triton_products`' kernel
+    assert {r["near_band"] for r in rows} == {
+        "tables",
+        "distance",
+        "skew-forward",
+        "skew",
+        kept,
+        fold,
+        default,
+    }
     for r in rows:
+        if r["near_band"] == default:  # no matmul around the kernels at all
+            assert r["forward"]["half_flops"] == r["backward"]["half_flops"] == 0
+            continue
         for phase in ("forward", "backward"):
             assert r[phase]["fp32_flops"] == 0, (r["near_band"], phase)
             assert r[phase]["half_flops"] > 0, (r["near_band"], phase)
@@ -3388,6 +3403,17 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     launches = {r["near_band"]: r["backward"]["launches"] for r in rows}
     assert launches[fold]["baddbmm"] == launches["distance"]["baddbmm"] - 32
     assert "constant_pad_nd" not in launches[fold] and launches[fold]["_to_copy"] == 2
+    # the default's kernels: the tables from one launch, each fold kernel once for both sides (`FOLD_LAUNCHES`)
+    kernels = {r["near_band"]: r["backward"]["kernels"] for r in rows}
+    assert kernels[default] == {
+        "_distance_product_kernel": 1,
+        "_dq_kernel": 1,
+        "_dkv_kernel": 1,
+        "_fold_product_kernel": 1,
+        "_fold_sums_kernel": 1,
+    }
+    assert kernels[fold]["_fold_sums_kernel"] == 1 and "_distance_product_kernel" not in kernels[fold]
+    assert sum(launches[default].values()) < sum(launches[fold].values())
     held = {r["near_band"]: r["kept_bytes"] for r in rows}
     assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
 
@@ -3604,31 +3630,37 @@ def test_adding_the_bands_rounds_the_float32_sum_once():
     assert same is grad and torch.equal(grad, want)
 
 
-@pytest.mark.parametrize("bands", [1, 3])
+@pytest.mark.parametrize(("bands", "sides"), [(1, 1), (3, 1), (3, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype, bands):
+def test_fold_product_kernel_adds_the_buffers_product_to_the_gradient(dtype, bands, sides):
     """`triton_products._fold_product_kernel` (`FOLD_PRODUCT` "triton"): a gradient buffer at an odd row stride
     (DW = 97 ≡ 1 mod 16) in the tables' layout (H, bands, B, band, DW), read by residue classes of rows from
     16-byte aligned starts, times each band's table rows, added to the float32 gradient in the projections'
     layout and written in ``dtype``, the padding tokens' rows (past N in the last band) left out: the matmul's
     sum. Every cell random, so a class read one cell off meets the wrong table row; a whole and a masked column
-    block; in one band 70 rows a class (two row blocks, the second partial)."""
+    block; in one band 70 rows a class (two row blocks, the second partial). With two sides in one launch
+    (`FOLD_LAUNCHES` "one") each side's buffer, table rows and gradient its own: a program of the grid's
+    second half that read the first side's would give the first side's sum."""
     B, H, d, W = 2, 2, 16, 97
     band = 280 if bands == 1 else 32
     N = band * bands - (0 if bands == 1 else 13)  # bands: the last one 19 tokens and 13 padding rows
     g = torch.Generator().manual_seed(0)
-    dist = torch.randn(H * bands, B * band, W, generator=g).to(dtype)
-    rows = torch.randn(H * bands, W, d, generator=g).to(dtype)
-    grad = torch.randn(B, N, H, d, generator=g).transpose(1, 2)  # (B, H, N, d) over (B, N, H, d) memory
-    product = torch.bmm(dist.float(), rows.float()).view(H, bands, B, band, d)
-    want = _bands_added_by_row(grad, product, N, 0.7)
-    got = triton_backend._kernel_fold_product(dist, rows, grad, band, 0.7, dtype)
-    assert got.dtype == dtype and got.stride() == grad.stride()
-    if dtype == torch.float32:
-        assert got is grad  # added in place
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    else:  # the float32 sum rounded once: at most a bfloat16 step from the matmul's, rounded
-        torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2**-7, atol=1e-6)
+    dists = [torch.randn(H * bands, B * band, W, generator=g).to(dtype) for _ in range(sides)]
+    rows = [torch.randn(H * bands, W, d, generator=g).to(dtype) for _ in range(sides)]
+    # (B, H, N, d) over (B, N, H, d) memory
+    grads = [torch.randn(B, N, H, d, generator=g).transpose(1, 2) for _ in range(sides)]
+    wants = [
+        _bands_added_by_row(grad, torch.bmm(dist.float(), r.float()).view(H, bands, B, band, d), N, 0.7)
+        for dist, r, grad in zip(dists, rows, grads, strict=True)
+    ]
+    gots = triton_backend._kernel_fold_product(dists, rows, grads, band, 0.7, dtype)
+    for got, want, grad in zip(gots, wants, grads, strict=True):
+        assert got.dtype == dtype and got.stride() == grad.stride()
+        if dtype == torch.float32:
+            assert got is grad  # added in place
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:  # the float32 sum rounded once: at most a bfloat16 step from the matmul's, rounded
+            torch.testing.assert_close(got.float(), want.to(dtype).float(), rtol=2**-7, atol=1e-6)
 
 
 FOLD_CASES = {
@@ -3649,14 +3681,22 @@ FOLD_MATMULS = dict(FOLD_PRODUCT="cublas", FOLD_SUMS="cublas")  # the reference:
 FOLD_KERNELS = {
     "product": dict(FOLD_PRODUCT="triton", FOLD_SUMS="cublas"),
     "sums": dict(FOLD_PRODUCT="cublas", FOLD_SUMS="triton"),
-    "both": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),
+    "both": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton"),  # (both sides in one launch each: the default)
+    "both, two launches": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton", FOLD_LAUNCHES="two"),
+    # the sums' content copied band-major, as where a head's offsets pass 32 bits (`_fold_content`)
+    "both, content copied": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton", CONTENT_OFFSETS=1),
 }
 
 
-# both kernels over every case; each alone (the other fold on cuBLAS) in one band and in bands
+# both kernels over every case; each alone (the other fold on cuBLAS), and both a launch a side, in one band
+# and in bands
 FOLD_PARAMS = [
     *((name, "both") for name in FOLD_CASES),
-    *((name, kernels) for name in ("n64", "banded_wide_n64") for kernels in ("product", "sums")),
+    *(
+        (name, kernels)
+        for name in ("n64", "banded_wide_n64", "banded_wide_padding")
+        for kernels in ("product", "sums", "both, two launches", "both, content copied")
+    ),
 ]
 
 
@@ -3664,21 +3704,26 @@ FOLD_PARAMS = [
 def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, kernels):
     """`FOLD_PRODUCT` and `FOLD_SUMS` "triton", both and each alone, on the distance road with "aligned"
     gradient stores, in one band (N beyond the saturation: v3 from N = 1024) and in 16-row bands (as v3 at
-    N <= 512 has 64-row ones), whole rows or padded: each kernel runs once per table, and the call's output and
-    gradients are those of the cuBLAS folds in bfloat16, each gradient within a bfloat16 step (their float32
-    sums differ in order only). Float32 inputs keep the matmuls (checked once)."""
+    N <= 512 has 64-row ones), whole rows or padded: each kernel runs once for both tables where both kernels
+    fold both (`FOLD_LAUNCHES` "one"), else once per table, and the call's output and gradients are those of
+    the cuBLAS folds in bfloat16, each gradient within a bfloat16 step (their float32 sums differ in order
+    only). In bands the sums kernel reads q / k where they lie (no band-major copy), unless told their offsets
+    pass 32 bits. Float32 inputs keep the matmuls (checked once)."""
     case = FOLD_CASES[name]
     bands = _distance_bands(monkeypatch, 16)
     inputs = _inputs(case, torch.bfloat16, DEVICE)
     _set_backend(monkeypatch, FOLD_MATMULS)
     want_out, want = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     assert all(bands) == name.startswith("banded")
-    launched = _count_calls(monkeypatch, "_kernel_fold_product", "_kernel_fold_sums")
+    launched = _count_calls(monkeypatch, "_kernel_fold_product", "_kernel_fold_sums", "_band_major")
     _set_backend(monkeypatch, FOLD_KERNELS[kernels])
     out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     tables = case.terms.c2p + case.terms.p2c
-    assert launched["_kernel_fold_product"] == (tables if kernels != "sums" else 0)
-    assert launched["_kernel_fold_sums"] == (tables if kernels != "product" else 0)
+    per_kernel = 1 if kernels in ("both", "both, content copied") else tables  # (one table: one launch)
+    assert launched["_kernel_fold_product"] == (per_kernel if kernels != "sums" else 0)
+    assert launched["_kernel_fold_sums"] == (per_kernel if kernels != "product" else 0)
+    in_place = all(bands) and kernels in ("sums", "both", "both, two launches")
+    assert launched["_band_major"] == (0 if in_place else tables)
     torch.testing.assert_close(out, want_out, rtol=0, atol=0)  # the forward does not fold
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6)
@@ -3688,23 +3733,45 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, 
         assert not launched["_kernel_fold_product"] and not launched["_kernel_fold_sums"]
 
 
+def _band_major_by_row(x: torch.Tensor, band: int, bands: int) -> torch.Tensor:
+    """(B, H, N, d) rows as the tables' layout orders them, row by row: (H·bands, B·band, d), row m of group
+    (h, b') token b'·band + m mod band of batch row m // band, zeros past N."""
+    B, H, N, d = x.shape
+    out = x.new_zeros(H * bands, B * band, d)
+    for h, b_, m in itertools.product(range(H), range(bands), range(B * band)):
+        token = b_ * band + m % band
+        if token < N:
+            out[h * bands + b_, m] = x[m // band, h, token]
+    return out
+
+
+@pytest.mark.parametrize(("bands", "sides"), [(1, 1), (3, 1), (3, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype):
+def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype, bands, sides):
     """`triton_products._fold_sums_kernel` (`FOLD_SUMS` "triton"): per cell x of a buffer at an odd row stride
-    (DW = 97), Σ over rows m of DIST[m, x] · CONTENT[m], in float32: the matmul's sums, and the residue-class
-    matmuls' (`_residue_folds`). The content rows through a strided per-head view (the projections' layout);
-    96 rows a class (two row blocks of 64, the second partial); 104 columns a row (a whole column block and a
-    masked one). Every cell random: a class read one cell off sums the wrong cell."""
-    G, M, d, W = 2, 768, 16, 97
+    (DW = 97) in the tables' layout, Σ over rows m of DIST[m, x] · CONTENT[m], in float32: the matmul's sums,
+    and the residue-class matmuls' (`_residue_folds`). In bands the content rows are read where q / k lie,
+    (B, H, N, d) over the projections' (B, N, H, d) memory, in the buffer's row order: each group's rows are
+    its band's tokens of every batch row, the last band's 13 padding rows zeros (a garbage content row there
+    would show: their buffer rows are random here). In one band they come per head (a strided view), 96 rows a
+    class (two row blocks of 64, the second partial). 104 columns a row (a whole column block and a masked
+    one). Every cell random: a class read one cell off sums the wrong cell. Two sides in one launch: each its
+    own buffer and content."""
+    B, H, d, W = 2, 2, 16, 97
+    band = 384 if bands == 1 else 32
+    N = band * bands - (0 if bands == 1 else 13)
     g = torch.Generator().manual_seed(1)
-    dist = torch.randn(G, M, W, generator=g).to(dtype)
-    content = torch.randn(M, G, d, generator=g).to(dtype).transpose(0, 1)  # (G, M, d), rows G·d apart
-    want = torch.bmm(dist.float().transpose(1, 2), content.float())
-    got = triton_backend._kernel_fold_sums(dist, content, W)
-    assert got.dtype == torch.float32 and got.shape == (G, W, d)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
-    _, by_classes = triton_backend._residue_folds(dist, None, content, W)
-    torch.testing.assert_close(got, by_classes, rtol=1e-5, atol=1e-4)
+    dists = [torch.randn(H * bands, B * band, W, generator=g).to(dtype) for _ in range(sides)]
+    xs = [torch.randn(B, N, H, d, generator=g).to(dtype).transpose(1, 2) for _ in range(sides)]
+    contents = xs if bands > 1 else [triton_backend._per_head(x) for x in xs]
+    got = triton_backend._kernel_fold_sums(dists, contents, W, band)
+    assert got.dtype == torch.float32 and got.shape == (sides, H * bands, W, d)
+    for dist, x, sums in zip(dists, xs, got, strict=True):
+        content = _band_major_by_row(x, band, bands)
+        want = torch.bmm(dist.float().transpose(1, 2), content.float())
+        torch.testing.assert_close(sums, want, rtol=1e-5, atol=1e-4)
+        _, by_classes = triton_backend._residue_folds(dist, None, content, W)
+        torch.testing.assert_close(sums, by_classes, rtol=1e-5, atol=1e-4)
 
 
 def _folded_buffers(monkeypatch) -> list:
@@ -3772,7 +3839,7 @@ def test_one_band_gradients_hold_every_near_pair_in_its_cell(monkeypatch, name):
     seen = []
     fold = triton_backend._fold_bands
     monkeypatch.setattr(
-        triton_backend, "_fold_bands", lambda dist, *a: seen.append(dist.clone()) or fold(dist, *a)
+        triton_backend, "_fold_bands", lambda side, *a: seen.append(side.dist.clone()) or fold(side, *a)
     )
     inputs = _inputs(c, torch.float32, DEVICE)
     out, _ = _run(triton_attention, c, inputs, _geometry(c, DEVICE))
