@@ -7,6 +7,7 @@ each step's cap and what it decides):
 
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash; ``dispatch``: `triton_dispatch.py` on the machine's CPU;
+   ``launch-cost``: `triton_launch_cost.py` there, Triton's own launch path per kernel;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
    kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
@@ -303,6 +304,13 @@ def _dispatch(work: Path, seconds: float, smoke: bool) -> list[str]:
     return _python(f"{BENCH}/triton_dispatch.py", "--out", str(work / "triton_dispatch.json"))
 
 
+def _launch_cost(work: Path, seconds: float, smoke: bool) -> list[str]:
+    """`triton_launch_cost.py` on the GPU machine's CPU and its Triton: the host time of Triton's own launch path
+    per kernel a call launches (binding, specialisation, cache key), the driver's call left out. A few
+    seconds; the same in smoke form."""
+    return _python(f"{BENCH}/triton_launch_cost.py", "--out", str(work / "triton_launch_cost.json"))
+
+
 LENGTHS = ["--lengths", "512", "2048", "8192"]
 TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
 TILES = ["--sections", "tiles", *LENGTHS, "--tiles", *SWEEP_TILES]
@@ -345,6 +353,7 @@ def _fold_sweep(kernel: str) -> list[str]:
 PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
     Step("dispatch", "the host side of a call on this machine's CPU, kernels not launched", _dispatch, 30, 10),
+    Step("launch-cost", "Triton's launch path per kernel on this machine's CPU, the driver left out", _launch_cost, 30, 10),
     _bench(
         "targets",
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",

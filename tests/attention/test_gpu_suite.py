@@ -315,17 +315,34 @@ def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
 
 def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     """`--smoke` checks the plan before a lease: the targets step measures every road and ceiling it names
-    (under the interpreter, tiny shapes), the GPU tests are collected, the host side of a call is timed on the
-    CPU (as on a GPU machine), and the ncu profile, which needs a GPU's counters, is listed as having no smoke
-    form."""
+    (under the interpreter, tiny shapes), the GPU tests are collected, the host side of a call and Triton's
+    launch path per kernel are timed on the CPU (as on a GPU machine), and the ncu profile, which needs a GPU's
+    counters, is listed as having no smoke form."""
     out, work = tmp_path / "out", tmp_path / "work"
-    steps = ["environment", "dispatch", "targets", "ncu", "gpu-tests"]
+    steps = ["environment", "dispatch", "launch-cost", "targets", "ncu", "gpu-tests"]
     assert suite.main(["--smoke", "--steps", *steps, "--out", str(out), "--work", str(work)]) == 0
     summary = json.loads((out / "gpu_suite.json").read_text())
     records = {r["step"]: r for r in summary["steps"]}
-    assert [records[s]["status"] for s in steps] == ["ok", "ok", "ok", "no smoke form", "ok"]
+    assert [records[s]["status"] for s in steps] == ["ok", "ok", "ok", "ok", "no smoke form", "ok"]
     dispatch = json.loads((work / "triton_dispatch.json").read_text())
     assert [r["road"] for r in dispatch["calls"]] == ["no position terms", "tables", "distance"]
+    # every launch of a forward and a forward+backward on the distance road, through Triton's own launch path
+    # (a JIT function's, though this process runs the interpreter): the forward's two kernels, the backward's
+    # five, each fold kernel once for both sides
+    launches = json.loads((work / "triton_launch_cost.json").read_text())["launches"]
+    by_phase = {
+        p: [r["kernel"] for r in launches if r["phase"] == p] for p in ("forward", "forward+backward")
+    }
+    assert by_phase["forward"] == ["_distance_product_kernel", "_fwd_kernel"]
+    assert by_phase["forward+backward"] == [
+        *by_phase["forward"],
+        "_distance_product_kernel",
+        "_dq_kernel",
+        "_dkv_kernel",
+        "_fold_product_kernel",
+        "_fold_sums_kernel",
+    ]
+    assert all(r["us"] > 0 for r in launches) and launches[0]["kernel"] == "_noop"
     targets = json.loads((work / "attention_gpu_targets.json").read_text())
     assert targets["complete"] and targets["smoke"]
     measured = {r["impl"] for r in targets["rows"] if "fwd_bwd_ms" in r}
