@@ -36,7 +36,9 @@ Sections (all bfloat16 on one CUDA device):
    "cublas", the default before 2026-11-27) instead of `triton_products`' fold kernels, ``triton (fold sums by
    matmul)`` with the sums alone by the matmuls (`FOLD_SUMS` "cublas"), ``triton (tables in two launches)`` and
    ``triton (folds in two launches)`` with the distance tables' products, and the backward's two fold kernels,
-   launched once per table (`triton_backend.PRODUCT_LAUNCHES`, `FOLD_LAUNCHES` "two") instead of once for both.
+   launched once per table (`triton_backend.PRODUCT_LAUNCHES`, `FOLD_LAUNCHES` "two") instead of once for both;
+   ``triton (fold sums by cell)`` with the fold sums kernel summing each cell whole (`FOLD_SUMS_REDUCTION`
+   "cells") instead of writing per-class sums that a reduction adds after.
    ``triton (geometry shared)`` is ``triton`` with one `Geometry` for all its calls
    (every other row gives each call a new one, whose inputs the call builds; a model's layers share one).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
@@ -430,6 +432,7 @@ def _attention_rows(
             PRODUCT_MASKED_EDGES_ROW: dict(PRODUCT_EDGES="masked"),
             PRODUCT_TWO_LAUNCHES_ROW: dict(PRODUCT_LAUNCHES="two"),
             FOLD_TWO_LAUNCHES_ROW: dict(FOLD_LAUNCHES="two"),
+            FOLD_SUMS_BY_CELL_ROW: dict(FOLD_SUMS_REDUCTION="cells"),
             ONE_BAND_GRADIENTS_ROW: dict(GRADIENT_BANDS=False),
             CELL_STORES_ROW: dict(GRADIENT_STORES="cells"),
             KEPT_TABLES_ROW: dict(KEEP_TABLES=True),
@@ -531,6 +534,9 @@ PRODUCT_TWO_LAUNCHES_ROW = "triton (tables in two launches)"
 # "two", the default before 2026-11-27), against one launch of each for both sides: two launches, a reduction
 # of the classes' sums and an allocation fewer per backward
 FOLD_TWO_LAUNCHES_ROW = "triton (folds in two launches)"
+# `triton` with the fold sums kernel summing each cell whole (`triton_backend.FOLD_SUMS_REDUCTION` "cells"),
+# against the default's per-class sums reduced after: no per-class sums written and read back, a launch fewer
+FOLD_SUMS_BY_CELL_ROW = "triton (fold sums by cell)"
 # `triton` with the backward's distance-space gradients in one band's rows (`triton_backend.GRADIENT_BANDS` off),
 # where the default takes the tables' bands (v3 at N <= 512: 592 cells a row against 1040): what the bands save
 ONE_BAND_GRADIENTS_ROW = "triton (gradients in one band)"
@@ -575,6 +581,7 @@ def attention_row_names() -> list[str]:
         PRODUCT_MASKED_EDGES_ROW,
         PRODUCT_TWO_LAUNCHES_ROW,
         FOLD_TWO_LAUNCHES_ROW,
+        FOLD_SUMS_BY_CELL_ROW,
         ONE_BAND_GRADIENTS_ROW,
         CELL_STORES_ROW,
         KEPT_TABLES_ROW,
@@ -815,6 +822,7 @@ def profile_section(args, device: str, dtype) -> Iterator[Unit]:
             PRODUCT_MASKED_EDGES_ROW,
             PRODUCT_TWO_LAUNCHES_ROW,
             FOLD_TWO_LAUNCHES_ROW,
+            FOLD_SUMS_BY_CELL_ROW,
             ONE_BAND_GRADIENTS_ROW,
             CELL_STORES_ROW,
             KEPT_TABLES_ROW,

@@ -107,7 +107,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   changes), that kernel's rows' ends stored element by element (`attention_gpu.PRODUCT_MASKED_EDGES_ROW`: what
 #   storing them whole saves), the two tables in two launches (`attention_gpu.PRODUCT_TWO_LAUNCHES_ROW`: what one
 #   launch for both saves a call), the backward's folds a launch a side (`attention_gpu.FOLD_TWO_LAUNCHES_ROW`:
-#   what one launch of each fold kernel for both sides saves);
+#   what one launch of each fold kernel for both sides saves), the fold sums by cell
+#   (`attention_gpu.FOLD_SUMS_BY_CELL_ROW`: whether summing each cell in the kernel beats the per-class sums);
 # - the backward's gradients in one band (`attention_gpu.ONE_BAND_GRADIENTS_ROW`: what their bands save at
 #   N = 512), stored by cell (`attention_gpu.CELL_STORES_ROW`: what their 16-byte stores save, at N = 512 in
 #   bands and from 2048 in one band), the forward's tables kept for the backward
@@ -123,6 +124,7 @@ ROADS = [
     "triton (product edges masked)",
     "triton (tables in two launches)",
     "triton (folds in two launches)",
+    "triton (fold sums by cell)",
     "triton (gradients in one band)",
     "triton (gradient stores by cell)",
     "triton (tables kept)",

@@ -30,8 +30,8 @@ copies the matmul reads (the padding rows, q / k in band order, the gathered tab
 launches per direction, which the default no longer makes). Its folds are counted as cuBLAS's matmuls
 (`FOLD_PRODUCT`, `FOLD_SUMS` "cublas", the default until 2026-11-27); the rows ", fold kernels" count the
 default's folds, by kernels of ours (not counted); the rows ", default kernels" the default's tables and
-folds, both by kernels of ours: what a call launches besides them. Every row counts the launches of our Triton
-kernels too.
+folds, both by kernels of ours: what a call launches besides them (", sums by cell": with the fold sums summed
+by cell in the kernel). Every row counts the launches of our Triton kernels too.
 
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """
@@ -166,6 +166,7 @@ def measure(
     keep: bool = False,
     fold: bool = False,
     product: bool = False,
+    cells: bool = False,
 ) -> dict:
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
@@ -173,8 +174,9 @@ def measure(
     ``fold`` the fold kernels compute the folds' products and sums where they serve
     (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": kernels of ours, not counted, as the attention
     kernels are not); with ``product`` too the distance tables come from `triton_products`' kernel
-    (`DISTANCE_PRODUCT` "triton"): the default's kernels. Each phase's ``kernels`` counts its launches of our
-    Triton kernels by name."""
+    (`DISTANCE_PRODUCT` "triton"): the default's kernels; with ``cells`` the fold sums summed by cell in the
+    kernel (`FOLD_SUMS_REDUCTION` "cells"). Each phase's ``kernels`` counts its launches of our Triton kernels by
+    name."""
     batch = tokens // n
     rel = V3_BASE
     terms = PositionTerms(c2p=True, p2c=True)
@@ -214,6 +216,7 @@ def measure(
         FOLD_SUMS="triton" if fold else "cublas",
         NEAR_BAND=near_band,
         DISTANCE_PRODUCT="triton" if product else "cublas",
+        FOLD_SUMS_REDUCTION="cells" if cells else "classes",
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
     )
     with mock.patch.multiple(triton_backend, **patches):
@@ -227,7 +230,8 @@ def measure(
         batch=batch,
         near_band=near_band
         + (", tables kept" if keep else "")
-        + (", default kernels" if product else ", fold kernels" if fold else ""),
+        + (", default kernels" if product else ", fold kernels" if fold else "")
+        + (", sums by cell" if cells else ""),
     )
     row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
@@ -286,6 +290,11 @@ def main(argv: list[str] | None = None) -> None:
     # and with the tables' products by `triton_products`' kernel too: the default's kernels
     rows += [
         measure(n, args.tokens, args.heads, args.dim, "distance", fold=True, product=True)
+        for n in args.lengths
+    ]
+    # and with the fold sums summed by cell in the kernel (`triton_backend.FOLD_SUMS_REDUCTION` "cells")
+    rows += [
+        measure(n, args.tokens, args.heads, args.dim, "distance", fold=True, product=True, cells=True)
         for n in args.lengths
     ]
     table = _table(rows)

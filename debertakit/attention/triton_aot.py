@@ -379,6 +379,7 @@ FOLD_ALIGNED = {
     "OUT",
     "CONTENT",
     "PER_CLASS",
+    "SUMS",
     "DIST2",
     "T2",
     "GRAD2",
@@ -406,11 +407,13 @@ def compile_fold_kernel(
     sums: bool = False,
     pair: bool = False,
     banded: bool = False,
+    cells: bool = False,
 ) -> Compiled:
     """`triton_products._fold_product_kernel` (with ``sums``: `_fold_sums_kernel`) compiled for
     ``sm_<capability>`` as `compile_product_kernel` compiles the product kernel, the launch's multiples of 16
     told (`FOLD_ALIGNED`); with ``pair`` both sides in one launch (`triton_backend.FOLD_LAUNCHES` "one"), with
-    ``banded`` (the sums kernel) the content read where q / k lie, in bands.
+    ``banded`` (the sums kernel) the content read where q / k lie, in bands; with ``cells`` the sums kernel that
+    sums each cell whole (`triton_products._fold_cell_sums_kernel`, `triton_backend.FOLD_SUMS_REDUCTION`).
     ``ops["LDG.V4"]`` counts the PTX's 16-byte reads (``ld.global.v4`` and, in the pipelined loop,
     ``cp.async`` of 16 bytes) and ``ops["LDG.ELEM"]`` its loads of one 16-bit element (``ld.global.b16``): the
     buffer's whole blocks are read 16 bytes at a time, the last block of each row (masked by column too)
@@ -418,13 +421,20 @@ def compile_fold_kernel(
     from debertakit.attention import triton_products
 
     fn = triton_products._fold_sums_kernel if sums else triton_products._fold_product_kernel
+    fn = triton_products._fold_cell_sums_kernel if sums and cells else fn
     constexprs = dict(
         D=head_dim, PREC=1 if dtype == "fp32" else 0, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PAIR=pair
     )
     if sums:
         constexprs["BANDED"] = banded
     pointers = dict(
-        DIST="*" + dtype, T="*" + dtype, GRAD="*fp32", OUT="*" + dtype, CONTENT="*" + dtype, PER_CLASS="*fp32"
+        DIST="*" + dtype,
+        T="*" + dtype,
+        GRAD="*fp32",
+        OUT="*" + dtype,
+        CONTENT="*" + dtype,
+        PER_CLASS="*fp32",
+        SUMS="*fp32",
     )
     pointers.update({name + "2": pointers[name] for name in ("DIST", "T", "GRAD", "OUT", "CONTENT")})
     result, ptx = _compile_products_kernel(fn, constexprs, pointers, FOLD_ALIGNED, tiles, capability)

@@ -1467,6 +1467,15 @@ FOLD_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by cells a step; the loo
 FOLD_SUMS_MODES = ("cublas", "triton")
 FOLD_SUMS = "triton"
 FOLD_SUMS_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by columns a step; the loop over rows pipelined
+# How the sums kernel's classes become cells: "classes", a program per column block and class writes that
+# class's sums, which one strided reduction adds into cells after (`_class_sums`: at v3's N = 512 it reads 0.26
+# GB of per-class sums that the kernel wrote, `benchmarks/triton_host_cost.py`); or "cells", a program per
+# block of cells runs over every class and adds each class's sums into its own, shifted into place by a gather
+# (`triton_products._fold_cell_sums_kernel`): nothing per class written or read back, one launch fewer, an
+# eighth more products (each block of 64 columns owns 56 cells) and an eighth as many programs. Not yet timed
+# on a GPU: the benchmark's row "triton (fold sums by cell)" times it beside the default.
+FOLD_SUMS_REDUCTION_MODES = ("classes", "cells")
+FOLD_SUMS_REDUCTION = "classes"
 
 
 def _fold_kernels_serve(dist: Tensor) -> tuple[bool, bool]:
@@ -1596,13 +1605,19 @@ def _kernel_fold_sums(dists: list[Tensor], contents: list[Tensor], width: int, b
     else:  # (G, M, d) in the buffer's order: group g's rows at g·stride(0)
         H, n, log2 = groups, band, 0
         strides = (content.stride(0), content.stride(1), 0)
-    per_class = dist.new_empty((len(dists) * groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
     t = FOLD_SUMS_TILES
+    args = (dw - 1, m * dw, *strides, n, log2, groups // H, m, width, dists[-1], contents[-1])
+    flags = dict(D=d, PREC=_precision(dist), PAIR=len(dists) == 2, BANDED=banded, **_launch(t))
+    _check_mode("FOLD_SUMS_REDUCTION", FOLD_SUMS_REDUCTION, FOLD_SUMS_REDUCTION_MODES)
+    if FOLD_SUMS_REDUCTION == "cells":  # each cell's sum whole, from the kernel
+        assert t.block_n > 2 * RESIDUES, t
+        sums = dist.new_empty((len(dists) * groups, width, d), dtype=torch.float32)
+        grid = (triton_cdiv(width, t.block_n - RESIDUES), len(dists) * groups)
+        _products()._fold_cell_sums_kernel[grid](dist, content, sums, *args, **flags)
+        return sums.view(len(dists), groups, width, d)
+    per_class = dist.new_empty((len(dists) * groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
     grid = (RESIDUES * triton_cdiv(width + RESIDUES - 1, t.block_n), len(dists) * groups)
-    _products()._fold_sums_kernel[grid](
-        dist, content, per_class, dw - 1, m * dw, *strides, n, log2, groups // H, m, width, dists[-1],
-        contents[-1], D=d, PREC=_precision(dist), PAIR=len(dists) == 2, BANDED=banded, **_launch(t),
-    )  # fmt: skip
+    _products()._fold_sums_kernel[grid](dist, content, per_class, *args, **flags)
     return _class_sums(per_class, width).view(len(dists), groups, width, d)
 
 

@@ -456,3 +456,84 @@ def _sums_step(
     else:
         c = tl.load(content + rows.to(tl.int64)[:, None] * stride_cm, mask=ok[:, None], other=0.0)
     return _mm_add(tl.trans(x), c, acc, PREC)
+
+
+# -------------------------------------------------------------------------------- the fold's sums, by cell
+@triton.jit
+def _fold_cell_sums_kernel(
+    DIST,  # (G, M, DW) as `_fold_sums_kernel` reads it
+    CONTENT,  # as `_fold_sums_kernel`'s, with the same strides and BANDED
+    SUMS,  # (G, W, D) float32 contiguous (with PAIR 2·G): cell x's sum over the group's rows at [g, x]
+    DW1,
+    GROUP,
+    stride_cg,
+    stride_cm,
+    stride_cb,
+    N,
+    LOG2_LB,
+    BANDS,
+    M,
+    W,
+    DIST2,
+    CONTENT2,
+    D: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAIR: tl.constexpr = False,
+    BANDED: tl.constexpr = False,
+):
+    """`_fold_sums_kernel`'s sums, each cell's whole: SUMS[g, x] = Σ_m DIST[m, x] · CONTENT[m], with no
+    per-class sums to write and reduce after (`triton_backend.FOLD_SUMS_CLASSES` "in the kernel").
+
+    One program: the cells x0 … x0 + BLOCK_N - 9 of group g, x0 = pid · (BLOCK_N - 8), over all the group's rows,
+    class by class (rows s + 8·i). Class s is read as `_fold_sums_kernel` reads it, the columns x0 … x0 +
+    BLOCK_N - 1 from s cells before each row's first (16-byte aligned loads): column c is cell c - s. So cell
+    x0 + r is the class's product row r + s, which one gather moves to row r before the class's sums are added
+    to the program's (rows past BLOCK_N - 9 are left over: a program computes 8 columns it does not own, 1/8 of
+    its work at BLOCK_N = 64). Every cell is one program's: no atomics."""
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    sums = (
+        g.to(tl.int64) * W * D
+    )  # this program's group's sums: the grid's second axis runs over SUMS's groups
+    if PAIR:
+        g, second = _side(g)
+        DIST = tl.where(second, DIST2, DIST)
+        CONTENT = tl.where(second, CONTENT2, CONTENT)
+    h, band = g // BANDS, g % BANDS
+    x0 = pid * (BLOCK_N - 8)
+    cols = x0 + tl.arange(0, BLOCK_N)
+    wide = W + 7  # columns read per row
+    content = CONTENT + h.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
+    r = tl.arange(0, BLOCK_N)
+    total = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+    if x0 + BLOCK_N <= wide:
+        for s in range(8):
+            acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+            for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
+                acc = _sums_step(
+                    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide,
+                    False, acc, BLOCK_M, PREC, BANDED,
+                )  # fmt: skip
+            total += _shifted_rows(acc, r, s, BLOCK_N)
+    else:
+        for s in range(8):
+            acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+            for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
+                acc = _sums_step(
+                    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide,
+                    True, acc, BLOCK_M, PREC, BANDED,
+                )  # fmt: skip
+            total += _shifted_rows(acc, r, s, BLOCK_N)
+    cells = x0 + r
+    out = SUMS + sums + cells[:, None] * D + tl.arange(0, D)[None, :]
+    tl.store(out, total, mask=((r < BLOCK_N - 8) & (cells < W))[:, None])
+
+
+@triton.jit
+def _shifted_rows(acc, r, s, BLOCK_N: tl.constexpr):
+    """``acc``'s rows moved up by ``s``: row r takes row r + s (the last rows, past BLOCK_N - 1 - s, repeat the
+    last one; no cell is stored from them)."""
+    rows = tl.minimum(r + s, BLOCK_N - 1)
+    return tl.gather(acc, tl.broadcast_to(rows[:, None], acc.shape), 0)

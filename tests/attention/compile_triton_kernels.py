@@ -237,21 +237,25 @@ def main(argv: list[str] | None = None) -> int:
     folds_unfit = []
     sweep = _fold_sweep() if args.fold_sweep else []
     # each side alone and both in one launch (`FOLD_LAUNCHES`); the sums' content in the buffer's row order
-    # and, in bands, where q / k lie (`_fold_content`)
-    variants = [(False, pair, False) for pair in (False, True)]
-    variants += [(True, pair, banded) for pair in (False, True) for banded in (False, True)]
-    for dtype, head_dim, (sums, pair, banded), swept in itertools.product(
+    # and, in bands, where q / k lie (`_fold_content`); the sums by class and by cell (`FOLD_SUMS_REDUCTION`)
+    variants = [(False, pair, False, False) for pair in (False, True)]
+    variants += [(True, *flags) for flags in itertools.product((False, True), repeat=3)]
+    for dtype, head_dim, (sums, pair, banded, cells), swept in itertools.product(
         ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), variants, [None, *sweep]
     ):
         tiles = swept or (FOLD_SUMS_TILES if sums else FOLD_TILES)
-        c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums, pair=pair, banded=banded)
+        c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums, pair=pair, banded=banded, cells=cells)
         n += 1
-        name = f"{'_fold_sums_kernel' if sums else '_fold_product_kernel'} {dtype} d{head_dim} {tiles}"
+        kernel = (
+            "_fold_cell_sums_kernel" if cells else "_fold_sums_kernel" if sums else "_fold_product_kernel"
+        )
+        name = f"{kernel} {dtype} d{head_dim} {tiles}"
         name += (" both sides" if pair else "") + (" in bands" if banded else "")
         print(f"{name}: {c}")
-        # no spills, tensor-core products, the whole blocks read 16 bytes at a time, and one loop: over the
-        # cells (the product), or over the rows in each of the sums' two branches (whole and masked columns)
-        loops = 2 if sums else 1
+        # no spills, tensor-core products, the whole blocks read 16 bytes at a time, and their loops: over the
+        # cells (the product), or over the rows in each of the sums' two branches (whole and masked columns;
+        # by cell, each inside a loop over the classes)
+        loops = 4 if cells else 2 if sums else 1
         fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == loops
         if not (fit and c.ops["LDG.V4"]):
             folds_unfit.append(f"{name}: {c}")

@@ -3247,6 +3247,7 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (product edges masked)",
         "triton (tables in two launches)",
         "triton (folds in two launches)",
+        "triton (fold sums by cell)",
         "triton (gradients in one band)",
         "triton (gradient stores by cell)",
         "triton (tables kept)",
@@ -3371,17 +3372,11 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     kept = "distance, tables kept"  # the forward's tables kept for the backward (`KEEP_TABLES`)
     fold = "distance, fold kernels"  # the folds' products and sums by the fold kernels (`FOLD_PRODUCT`, `FOLD_SUMS`)
     default = "distance, default kernels"  # and the tables' products by `triton_products`' kernel
-    assert {r["near_band"] for r in rows} == {
-        "tables",
-        "distance",
-        "skew-forward",
-        "skew",
-        kept,
-        fold,
-        default,
-    }
+    by_cell = "distance, default kernels, sums by cell"  # and the fold sums by cell (`FOLD_SUMS_REDUCTION`)
+    bands = {"tables", "distance", "skew-forward", "skew", kept, fold, default, by_cell}
+    assert {r["near_band"] for r in rows} == bands
     for r in rows:
-        if r["near_band"] == default:  # no matmul around the kernels at all
+        if r["near_band"] in (default, by_cell):  # no matmul around the kernels at all
             assert r["forward"]["half_flops"] == r["backward"]["half_flops"] == 0
             continue
         for phase in ("forward", "backward"):
@@ -3414,6 +3409,10 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     }
     assert kernels[fold]["_fold_sums_kernel"] == 1 and "_distance_product_kernel" not in kernels[fold]
     assert sum(launches[default].values()) < sum(launches[fold].values())
+    # by cell: the cell sums kernel instead, and no reduction of the per-class sums after it
+    del kernels[default]["_fold_sums_kernel"]
+    assert kernels[by_cell] == {**kernels[default], "_fold_cell_sums_kernel": 1}
+    assert launches[default].pop("sum") == 1 and launches[by_cell] == launches[default]
     held = {r["near_band"]: r["kept_bytes"] for r in rows}
     assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
 
@@ -3685,6 +3684,8 @@ FOLD_KERNELS = {
     "both, two launches": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton", FOLD_LAUNCHES="two"),
     # the sums' content copied band-major, as where a head's offsets pass 32 bits (`_fold_content`)
     "both, content copied": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton", CONTENT_OFFSETS=1),
+    # each cell's sum whole from the sums kernel (`FOLD_SUMS_REDUCTION`)
+    "both, sums by cell": dict(FOLD_PRODUCT="triton", FOLD_SUMS="triton", FOLD_SUMS_REDUCTION="cells"),
 }
 
 
@@ -3695,7 +3696,7 @@ FOLD_PARAMS = [
     *(
         (name, kernels)
         for name in ("n64", "banded_wide_n64", "banded_wide_padding")
-        for kernels in ("product", "sums", "both, two launches", "both, content copied")
+        for kernels in ("product", "sums", "both, two launches", "both, content copied", "both, sums by cell")
     ),
 ]
 
@@ -3719,10 +3720,11 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds(monkeypatch, name, 
     _set_backend(monkeypatch, FOLD_KERNELS[kernels])
     out, got = _run(triton_attention, case, inputs, _geometry(case, DEVICE))
     tables = case.terms.c2p + case.terms.p2c
-    per_kernel = 1 if kernels in ("both", "both, content copied") else tables  # (one table: one launch)
+    paired = ("both", "both, content copied", "both, sums by cell")
+    per_kernel = 1 if kernels in paired else tables  # (one table: one launch)
     assert launched["_kernel_fold_product"] == (per_kernel if kernels != "sums" else 0)
     assert launched["_kernel_fold_sums"] == (per_kernel if kernels != "product" else 0)
-    in_place = all(bands) and kernels in ("sums", "both", "both, two launches")
+    in_place = all(bands) and kernels in ("sums", "both", "both, two launches", "both, sums by cell")
     assert launched["_band_major"] == (0 if in_place else tables)
     torch.testing.assert_close(out, want_out, rtol=0, atol=0)  # the forward does not fold
     for a, b in zip(got, want, strict=True):
@@ -3745,9 +3747,10 @@ def _band_major_by_row(x: torch.Tensor, band: int, bands: int) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("reduction", triton_backend.FOLD_SUMS_REDUCTION_MODES)
 @pytest.mark.parametrize(("bands", "sides"), [(1, 1), (3, 1), (3, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype, bands, sides):
+def test_fold_sums_kernel_sums_each_cell_over_the_rows(monkeypatch, dtype, bands, sides, reduction):
     """`triton_products._fold_sums_kernel` (`FOLD_SUMS` "triton"): per cell x of a buffer at an odd row stride
     (DW = 97) in the tables' layout, Σ over rows m of DIST[m, x] · CONTENT[m], in float32: the matmul's sums,
     and the residue-class matmuls' (`_residue_folds`). In bands the content rows are read where q / k lie,
@@ -3756,7 +3759,10 @@ def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype, bands, sides):
     would show: their buffer rows are random here). In one band they come per head (a strided view), 96 rows a
     class (two row blocks of 64, the second partial). 104 columns a row (a whole column block and a masked
     one). Every cell random: a class read one cell off sums the wrong cell. Two sides in one launch: each its
-    own buffer and content."""
+    own buffer and content. Both reductions of the classes (`FOLD_SUMS_REDUCTION`): per-class sums added after,
+    and each cell's sum whole from the kernel (two blocks of 56 cells, the second masked: a class shifted one
+    row off in the gather sums its neighbour's cell)."""
+    monkeypatch.setattr(triton_backend, "FOLD_SUMS_REDUCTION", reduction)
     B, H, d, W = 2, 2, 16, 97
     band = 384 if bands == 1 else 32
     N = band * bands - (0 if bands == 1 else 13)
@@ -3772,6 +3778,27 @@ def test_fold_sums_kernel_sums_each_cell_over_the_rows(dtype, bands, sides):
         torch.testing.assert_close(sums, want, rtol=1e-5, atol=1e-4)
         _, by_classes = triton_backend._residue_folds(dist, None, content, W)
         torch.testing.assert_close(sums, by_classes, rtol=1e-5, atol=1e-4)
+
+
+def test_fold_cell_sums_programs_store_only_their_cells():
+    """`_fold_cell_sums_kernel` (`FOLD_SUMS_REDUCTION` "cells"): a program stores the BLOCK_N - 8 cells it owns
+    and no others. It reads 8 columns more (a class's rows are read from s cells before their first) and sums
+    them, but those cells are the next program's; stored by both, which program's store lands last would be up
+    to the GPU. Launched alone, the first program leaves the cells after its own as they were (NaN), and its
+    own are the matmul's."""
+    G, M, d, W = 2, 64, 16, 97
+    g = torch.Generator().manual_seed(2)
+    dist, content = torch.randn(G, M, W, generator=g), torch.randn(G, M, d, generator=g)
+    sums = torch.full((G, W, d), float("nan"))
+    t = triton_backend.FOLD_SUMS_TILES
+    triton_backend._products()._fold_cell_sums_kernel[(1, G)](
+        dist, content, sums, W - 1, M * W, content.stride(0), content.stride(1), 0, M, 0, 1, M, W, dist, content,
+        D=d, PREC=triton_backend._precision(dist), **triton_backend._launch(t),
+    )  # fmt: skip
+    owned = t.block_n - triton_backend.RESIDUES
+    want = torch.bmm(dist.transpose(1, 2), content)
+    torch.testing.assert_close(sums[:, :owned], want[:, :owned], rtol=1e-5, atol=1e-4)
+    assert torch.isnan(sums[:, owned:]).all()
 
 
 def _folded_buffers(monkeypatch) -> list:
