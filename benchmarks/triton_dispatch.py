@@ -46,7 +46,7 @@ OUT = ROOT / "benchmarks" / "results" / "triton_dispatch.json"
 ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "distance": ("distance", True)}
 
 
-def _median_us(fn, reps: int) -> float:
+def median_us(fn, reps: int) -> float:
     for _ in range(max(3, reps // 10)):
         fn()
     times = []
@@ -65,7 +65,7 @@ def fill_defaults_us(reps: int) -> list[dict]:
     for name in ("disentangled_attention_fwd", "disentangled_attention_bwd"):
         schema = getattr(torch.ops.debertakit, name).default._schema
         args = (None,) * len(schema.arguments)
-        us = _median_us(lambda schema=schema, args=args: fill_defaults(schema, args, {}), reps)
+        us = median_us(lambda schema=schema, args=args: fill_defaults(schema, args, {}), reps)
         rows.append(dict(op=name, arguments=len(schema.arguments), fill_defaults_us=round(us, 1)))
     return rows
 
@@ -127,10 +127,10 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
         # torch ops per call besides the forward's own (on a GPU each one a launch)
         row["ops_new_geometry"] = sum(new_geometry.launches.values()) - 1
         row["ops_same_geometry"] = sum(same_geometry.launches.values()) - 1
-        row["forward_no_grad_us"] = round(_median_us(forward_no_grad, reps), 1)
-        row["forward_new_geometry_us"] = round(_median_us(forward_new_geometry, reps), 1)
-        row["forward_with_grad_us"] = round(_median_us(lambda: call(grads), reps), 1)
-        row["forward_backward_us"] = round(_median_us(forward_backward, reps), 1)
+        row["forward_no_grad_us"] = round(median_us(forward_no_grad, reps), 1)
+        row["forward_new_geometry_us"] = round(median_us(forward_new_geometry, reps), 1)
+        row["forward_with_grad_us"] = round(median_us(lambda: call(grads), reps), 1)
+        row["forward_backward_us"] = round(median_us(forward_backward, reps), 1)
     return row
 
 
@@ -151,13 +151,31 @@ def table(ops: list[dict], calls: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reps", type=int, default=300, help="timed calls per measurement (median)")
-    p.add_argument("--out", type=Path, default=OUT)
+def host_arguments(argv: list[str] | None, description: str, reps: int, out: Path) -> argparse.Namespace:
+    """The host-time scripts' arguments: ``--reps`` (timed calls per median, at least one) and ``--out``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--reps", type=int, default=reps, help="timed calls per measurement (median)")
+    p.add_argument("--out", type=Path, default=out)
     args = p.parse_args(argv)
     if args.reps < 1:
         raise SystemExit(f"--reps {args.reps}: expected a positive count")
+    return args
+
+
+def host_environment(script: str, argv: list[str] | None, **more: str) -> dict:
+    """What a host-time figure holds for: date, Python, torch, the CPU (``more`` beside), and the command."""
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        **more,
+        cpu=platform.processor() or platform.machine(),
+        command=" ".join(["python", f"benchmarks/{script}", *(argv or sys.argv[1:])]),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = host_arguments(argv, __doc__.split("\n\n")[0], 300, OUT)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # host overhead, not the CPU's arithmetic on the tiny tensors
     try:
@@ -167,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     print(table(ops, calls))
     result = dict(
-        environment=dict(
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            python=platform.python_version(),
-            torch=torch.__version__,
-            cpu=platform.processor() or platform.machine(),
-            command=" ".join(["python", "benchmarks/triton_dispatch.py", *(argv or sys.argv[1:])]),
-        ),
+        environment=host_environment("triton_dispatch.py", argv),
         custom_ops=ops,
         calls=calls,
     )

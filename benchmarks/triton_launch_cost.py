@@ -21,16 +21,11 @@ installed Triton.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import datetime
 import functools
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 from unittest import mock
 
@@ -45,6 +40,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
+from triton_dispatch import host_arguments, host_environment, median_us  # noqa: E402
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
@@ -145,20 +141,9 @@ def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) 
     return phases
 
 
-def _median_us(fn, reps: int) -> float:
-    for _ in range(max(3, reps // 10)):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
 def launch_us(kernel: JITFunction, grid, args: tuple, kwargs: dict, reps: int) -> float:
     """Median host time of ``kernel[grid](*args, **kwargs)`` through Triton's launch path (stand-ins above)."""
-    return _median_us(lambda: kernel[grid](*args, **kwargs), reps)
+    return median_us(lambda: kernel[grid](*args, **kwargs), reps)
 
 
 def measure(reps: int) -> list[dict]:
@@ -194,25 +179,11 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reps", type=int, default=2000, help="timed launches per kernel (median)")
-    p.add_argument("--out", type=Path, default=OUT)
-    args = p.parse_args(argv)
-    if args.reps < 1:
-        raise SystemExit(f"--reps {args.reps}: expected a positive count")
+    args = host_arguments(argv, __doc__.split("\n\n")[0], 2000, OUT)
     rows = measure(args.reps)
     print(table(rows))
-    result = dict(
-        environment=dict(
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            python=platform.python_version(),
-            torch=torch.__version__,
-            triton=triton.__version__,
-            cpu=platform.processor() or platform.machine(),
-            command=" ".join(["python", "benchmarks/triton_launch_cost.py", *(argv or sys.argv[1:])]),
-        ),
-        launches=rows,
-    )
+    environment = host_environment("triton_launch_cost.py", argv, triton=triton.__version__)
+    result = dict(environment=environment, launches=rows)
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")
     return 0

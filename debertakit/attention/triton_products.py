@@ -418,21 +418,34 @@ def _fold_sums_kernel(
     cols = (pid // 8) * BLOCK_N + tl.arange(0, BLOCK_N)
     wide = W + 7  # columns read per row
     content = CONTENT + h.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
-    acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
     if (pid // 8) * BLOCK_N + BLOCK_N <= wide:
-        for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-            acc = _sums_step(
-                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, False,
-                acc, BLOCK_M, PREC, BANDED,
-            )  # fmt: skip
+        acc = _class_sums(
+            DIST, g, GROUP, DW1, content, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, False, BLOCK_M,
+            BLOCK_N, D, PREC, BANDED,
+        )  # fmt: skip
     else:
-        for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-            acc = _sums_step(
-                DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, True,
-                acc, BLOCK_M, PREC, BANDED,
-            )  # fmt: skip
+        acc = _class_sums(
+            DIST, g, GROUP, DW1, content, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, True, BLOCK_M,
+            BLOCK_N, D, PREC, BANDED,
+        )  # fmt: skip
     out = PER_CLASS + sums + (cols[:, None] * 8 + s) * D + tl.arange(0, D)[None, :]
     tl.store(out, acc, mask=(cols < wide)[:, None])
+
+
+@triton.jit
+def _class_sums(
+    DIST, g, GROUP, DW1, content, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, MASK_COLS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, BANDED: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N, D) float32: the columns ``cols`` of class s's rows, summed against their content rows, in one
+    loop over the class's rows (`_sums_step`, pipelined)."""
+    acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+    for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
+        acc = _sums_step(
+            DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, MASK_COLS,
+            acc, BLOCK_M, PREC, BANDED,
+        )  # fmt: skip
+    return acc
 
 
 @triton.jit
@@ -494,9 +507,8 @@ def _fold_cell_sums_kernel(
     its work at BLOCK_N = 64). Every cell is one program's: no atomics."""
     pid = tl.program_id(0)
     g = tl.program_id(1)
-    sums = (
-        g.to(tl.int64) * W * D
-    )  # this program's group's sums: the grid's second axis runs over SUMS's groups
+    # this program's group's sums: the grid's second axis runs over SUMS's groups
+    sums = g.to(tl.int64) * W * D
     if PAIR:
         g, second = _side(g)
         DIST = tl.where(second, DIST2, DIST)
@@ -507,28 +519,36 @@ def _fold_cell_sums_kernel(
     wide = W + 7  # columns read per row
     content = CONTENT + h.to(tl.int64) * stride_cg + tl.arange(0, D)[None, :]
     r = tl.arange(0, BLOCK_N)
-    total = tl.zeros((BLOCK_N, D), dtype=tl.float32)
     if x0 + BLOCK_N <= wide:
-        for s in range(8):
-            acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
-            for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-                acc = _sums_step(
-                    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide,
-                    False, acc, BLOCK_M, PREC, BANDED,
-                )  # fmt: skip
-            total += _shifted_rows(acc, r, s, BLOCK_N)
+        total = _cells_of_classes(
+            DIST, g, GROUP, DW1, content, cols, r, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, False, BLOCK_M,
+            BLOCK_N, D, PREC, BANDED,
+        )  # fmt: skip
     else:
-        for s in range(8):
-            acc = tl.zeros((BLOCK_N, D), dtype=tl.float32)
-            for i0 in range(0, tl.cdiv(M, 8), BLOCK_M):
-                acc = _sums_step(
-                    DIST, g, GROUP, DW1, content, i0, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide,
-                    True, acc, BLOCK_M, PREC, BANDED,
-                )  # fmt: skip
-            total += _shifted_rows(acc, r, s, BLOCK_N)
+        total = _cells_of_classes(
+            DIST, g, GROUP, DW1, content, cols, r, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, True, BLOCK_M,
+            BLOCK_N, D, PREC, BANDED,
+        )  # fmt: skip
     cells = x0 + r
     out = SUMS + sums + cells[:, None] * D + tl.arange(0, D)[None, :]
     tl.store(out, total, mask=((r < BLOCK_N - 8) & (cells < W))[:, None])
+
+
+@triton.jit
+def _cells_of_classes(
+    DIST, g, GROUP, DW1, content, cols, r, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, MASK_COLS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, BANDED: tl.constexpr,
+):  # fmt: skip
+    """(BLOCK_N, D) float32: row r the sum of cell ``cols[0]`` + r over every class's rows (rows past BLOCK_N - 9
+    incomplete): each class's sums of the columns ``cols`` (`_class_sums`) moved up by its residue."""
+    total = tl.zeros((BLOCK_N, D), dtype=tl.float32)
+    for s in range(8):
+        acc = _class_sums(
+            DIST, g, GROUP, DW1, content, s, cols, stride_cm, stride_cb, N, LOG2_LB, band, M, wide, MASK_COLS,
+            BLOCK_M, BLOCK_N, D, PREC, BANDED,
+        )  # fmt: skip
+        total += _shifted_rows(acc, r, s, BLOCK_N)
+    return total
 
 
 @triton.jit
