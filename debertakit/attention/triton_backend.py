@@ -1471,8 +1471,8 @@ FOLD_SUMS_TILES = Tiles(64, 64, 4, 3)  # rows of one residue by columns a step; 
 # class's sums, which one strided reduction adds into cells after (`_class_sums`: at v3's N = 512 it reads 0.26
 # GB of per-class sums that the kernel wrote, `benchmarks/triton_host_cost.py`); or "cells", a program per
 # block of cells runs over every class and adds each class's sums into its own, shifted into place by a gather
-# (`triton_products._fold_cell_sums_kernel`): nothing per class written or read back, one launch fewer, an
-# eighth more products (each block of 64 columns owns 56 cells) and an eighth as many programs. Not yet timed
+# (`triton_products._fold_cell_sums_kernel`): nothing per class written or read back, one launch fewer, a
+# seventh more products (each block of 64 columns owns 56 cells) and about a seventh as many programs. Not yet timed
 # on a GPU: the benchmark's row "triton (fold sums by cell)" times it beside the default.
 FOLD_SUMS_REDUCTION_MODES = ("classes", "cells")
 FOLD_SUMS_REDUCTION = "classes"
