@@ -2422,14 +2422,15 @@ def test_gradient_stores_are_16_bytes_wide_gpu(monkeypatch, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernels", ["both", "both, two launches"])
+@pytest.mark.parametrize("kernels", ["both", "both, two launches", "both, sums by cell"])
 @pytest.mark.parametrize("n", [512, 2048])
 def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n, kernels):
     """`FOLD_PRODUCT` and `FOLD_SUMS` "triton" at v3's N = 512 and 2048 (batch·N = 4096, 12 heads, d 64,
     bfloat16: 64-row bands, the sums reading q / k in place, and one band with far tiles): each fold kernel
-    launched once for both sides (`FOLD_LAUNCHES` "one") or once a side ("two"), reading the buffers 16 bytes
-    at a time as these launches compiled them (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call
-    within the grid's bfloat16 tolerance of float32 eager, as the matmul folds are."""
+    launched once for both sides (`FOLD_LAUNCHES` "one") or once a side ("two"), the sums by class or by cell
+    (`FOLD_SUMS_REDUCTION`), reading the buffers 16 bytes at a time as these launches compiled them
+    (``cp.async`` of 16 bytes or ``ld.global.v4``), and the call within the grid's bfloat16 tolerance of
+    float32 eager, as the matmul folds are."""
     c = Case(n=n, batch=4096 // n, heads=12, dim=64, rel=V3)
     inputs = _inputs(c, torch.bfloat16, "cuda")
     _set_backend(monkeypatch, FOLD_MATMULS)
@@ -2438,7 +2439,7 @@ def test_fold_kernel_gives_the_gradients_of_the_matmul_folds_gpu(monkeypatch, n,
     compiled = _record_compiled(monkeypatch)  # the tables' product kernel's launches and the fold kernels'
     out, got = _run(triton_attention, c, inputs, _geometry(c, "cuda"))
     folds = [k.asm["ptx"] for k in compiled if "_fold_" in k.asm["ptx"]]
-    assert len(folds) == (2 if kernels == "both" else 4), len(compiled)
+    assert len(folds) == (4 if kernels == "both, two launches" else 2), len(compiled)
     assert all("ld.global.v4" in p or re.search(r"cp\.async\.\w+\.shared\.global .*, 0x10", p) for p in folds)
     ref = _run(eager_attention, c, _reference_inputs(inputs, "cuda"), _geometry(c, "cuda"), _grad_out(out))
     _assert_close(c, inputs, torch.bfloat16, (out, *got), (ref[0], *ref[1]))
