@@ -115,7 +115,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   (`attention_gpu.KEPT_TABLES_ROW`: what building them again costs, and in memory what keeping them does),
 #   the folds' products and sums by cuBLAS (`attention_gpu.FOLD_MATMULS_ROW`: what the fold kernels save), and
 #   the sums alone (`attention_gpu.FOLD_SUMS_MATMULS_ROW`);
-# - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call),
+# - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), the same
+#   replayed as a CUDA graph (`attention_gpu.GRAPHED_ROW`: what the host's work costs a call),
 #   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
@@ -132,6 +133,7 @@ ROADS = [
     "triton (fold sums by matmul)",
     "triton (through the custom op)",
     "triton (geometry shared)",
+    "triton (CUDA graph)",
     "triton tables",
     "triton skew-forward",
 ]

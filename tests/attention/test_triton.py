@@ -2859,6 +2859,35 @@ def test_gpu_benchmark_tile_sweep_of_the_fold_kernels(tmp_path, monkeypatch, cap
         bench.main([*args[:-1], "tables"])
 
 
+def test_gpu_benchmark_graph_row_runs_its_calls_off_cuda():
+    """The row ``triton (CUDA graph)`` (`attention_gpu._Replayed`): off CUDA, in smoke form, every call runs the
+    function itself."""
+    calls = []
+    replayed = _benchmark_module()._Replayed(lambda: calls.append(1), "cpu")
+    for _ in range(3):
+        replayed()
+    assert len(calls) == 3 and replayed.graph is None
+
+
+@pytest.mark.gpu
+def test_gpu_benchmark_graph_row_replays_one_capture_gpu():
+    """On CUDA `attention_gpu._Replayed` warms the function up three times on a side stream, captures it once
+    at the first call and replays the graph at every call: the host runs the function four times however many
+    calls follow, and every replay does its work on the GPU (three warm-up adds, then one per call)."""
+    x = torch.zeros(4, device="cuda")
+    calls = []
+
+    def fn():
+        calls.append(1)
+        x.add_(1)
+
+    replayed = _benchmark_module()._Replayed(fn, "cuda")
+    for _ in range(5):
+        replayed()
+    torch.cuda.synchronize()
+    assert len(calls) == 4 and x.tolist() == [8.0] * 4
+
+
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
     """The `dropout` section times the backends that have dropout, with it on (sdpa as the ceiling)."""
     import json
