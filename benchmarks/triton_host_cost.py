@@ -135,17 +135,19 @@ class Recorder(TorchDispatchMode):
 
 
 class _NoLaunch:
-    """Stands for the kernels module: ``kernel[grid](...)`` does nothing (with ``counts``, a Counter, it counts
-    the launch by the kernel's name)."""
+    """Stands for the kernels module: ``kernel[grid](*args, **kwargs)`` runs nothing; with ``record``, it calls
+    ``record(name, grid, args, kwargs)`` (the kernel's name)."""
 
-    def __init__(self, counts: collections.Counter | None = None, name: str = ""):
-        self.counts, self.name = counts, name
+    def __init__(self, record=None, name: str = ""):
+        self.record, self.name = record, name
 
     def __getattr__(self, name):
-        return _NoLaunch(self.counts, name)
+        return _NoLaunch(self.record, name)
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None if self.counts is None else self.counts.update([self.name])
+        return lambda *args, **kwargs: (
+            None if self.record is None else self.record(self.name, grid, args, kwargs)
+        )
 
 
 _AUTOCAST = torch.autocast
@@ -187,6 +189,10 @@ def measure(
     calls, kept_bytes = {}, [0]
     kernels = {"forward": collections.Counter(), "backward": collections.Counter()}
     launched = [kernels["forward"]]  # the phase whose Triton launches are counted
+
+    def count(name, *launch):
+        launched[0].update([name])
+
     fwd_body, bwd_body = triton_backend._forward, triton_backend._bwd  # the ops' bodies
 
     def fwd(*inputs):  # the op's body, recorded, and its backward's body on the saved inputs, recorded
@@ -210,8 +216,8 @@ def measure(
     # reads), but a kernel of ours is not counted as work around the kernels
     patches = dict(
         _attention=fwd,
-        _kernels=lambda: _NoLaunch(launched[0]),
-        _products=lambda: _NoLaunch(launched[0]),  # (the fold kernels', and with ``product`` the tables')
+        _kernels=lambda: _NoLaunch(count),
+        _products=lambda: _NoLaunch(count),  # (the fold kernels', and with ``product`` the tables')
         FOLD_PRODUCT="triton" if fold else "cublas",
         FOLD_SUMS="triton" if fold else "cublas",
         NEAR_BAND=near_band,

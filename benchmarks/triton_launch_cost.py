@@ -41,6 +41,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 from triton_dispatch import host_arguments, host_environment, median_us  # noqa: E402
+from triton_host_cost import _NoLaunch  # noqa: E402  (kernels that launch nothing)
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
@@ -90,25 +91,6 @@ def _stand_in_compile(self, key, signature, device, constexprs, options, attrs, 
     return kernel
 
 
-class _Recorder:
-    """Stands for a kernels module: ``kernel[grid](*args, **kwargs)`` records the launch and runs nothing."""
-
-    def __init__(self, launches: list, module):
-        self.launches, self.module = launches, module
-
-    def __getattr__(self, name):
-        recorder = self
-
-        class Launch:
-            def __getitem__(self, grid):
-                def record(*args, **kwargs):
-                    recorder.launches.append((getattr(recorder.module, name), grid, args, kwargs))
-
-                return record
-
-        return Launch()
-
-
 def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict[str, list]:
     """The launches of one forward without grad and of one forward+backward on the distance road (the default),
     as ``(kernel, grid, args, kwargs)``, at a tiny shape with DeBERTa-v3 base's positions and the GPU's tiles."""
@@ -125,9 +107,13 @@ def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) 
     phases: dict[str, list] = {}
     for phase in ("forward", "forward+backward"):
         launches: list = []
+
+        def recorder(module, launches=launches):  # each launch recorded with its JIT function, none run
+            return _NoLaunch(lambda name, *launch: launches.append((getattr(module, name), *launch)))
+
         patches = dict(
-            _kernels=lambda launches=launches: _Recorder(launches, kernels),
-            _products=lambda launches=launches: _Recorder(launches, products),
+            _kernels=lambda: recorder(kernels),
+            _products=lambda: recorder(products),
             tiles_for=lambda _, *a, **kw: gpu_tiles(*a, **kw),
         )
         with mock.patch.multiple(triton_backend, **patches):

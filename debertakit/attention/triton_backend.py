@@ -1409,7 +1409,7 @@ def _fold_pair(
     per_cell = _kernel_fold_sums(dists, contents, width, a.band)  # (2, H·bands, width, d)
     tables = per_cell.new_zeros((2, H, R, d))
     for table, sums, side in zip(tables, per_cell, (a, b)):
-        table.index_add_(1, side.cells.flatten(), sums.view(H, bands * width, d), alpha=scale)
+        _into_rows(sums.view(H, bands * width, d), side.cells.flatten(), R, scale, out=table)
     return *grads, *tables
 
 
@@ -1602,11 +1602,12 @@ def _kernel_fold_sums(dists: list[Tensor], contents: list[Tensor], width: int, b
         _, H, n, _ = content.shape
         strides, log2 = (content.stride(1), content.stride(2), content.stride(0)), _log2_band(band)
         assert band == 1 << log2 and m % band == 0, (band, m)
-    else:  # (G, M, d) in the buffer's order: group g's rows at g·stride(0)
-        H, n, log2 = groups, band, 0
+        bands = groups // H
+    else:  # (G, M, d) in the buffer's order: group g's rows at g·stride(0), one group a "band" (N, LB unused)
+        n, log2, bands = band, 0, 1
         strides = (content.stride(0), content.stride(1), 0)
     t = FOLD_SUMS_TILES
-    args = (dw - 1, m * dw, *strides, n, log2, groups // H, m, width, dists[-1], contents[-1])
+    args = (dw - 1, m * dw, *strides, n, log2, bands, m, width, dists[-1], contents[-1])
     flags = dict(D=d, PREC=_precision(dist), PAIR=len(dists) == 2, BANDED=banded, **_launch(t))
     _check_mode("FOLD_SUMS_REDUCTION", FOLD_SUMS_REDUCTION, FOLD_SUMS_REDUCTION_MODES)
     if FOLD_SUMS_REDUCTION == "cells":  # each cell's sum whole, from the kernel
@@ -1664,10 +1665,13 @@ def _fold_into_table(dist: Tensor, content: Tensor, lut: Tensor, rows: int, scal
     return _into_rows(_matmul_f32(dist.transpose(-1, -2), content), lut, rows, scale)
 
 
-def _into_rows(per_distance: Tensor, lut: Tensor, rows: int, scale: float) -> Tensor:
+def _into_rows(
+    per_distance: Tensor, lut: Tensor, rows: int, scale: float, out: Tensor | None = None
+) -> Tensor:
     """(H, W, ...) values per distance, times ``scale``, added into the table rows they index through the LUT:
-    (H, R, ...)."""
-    out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
+    (H, R, ...), into ``out`` where given (zeros: `_fold_pair` allocates both sides' at once)."""
+    if out is None:
+        out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
     return out.index_add_(1, lut, per_distance, alpha=scale)
 
 
