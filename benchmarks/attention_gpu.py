@@ -146,7 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--impls",
         nargs="+",
-        help="the rows `attention` measures (default: all), e.g. triton 'sdpa (no position terms)' flashdeberta",
+        help="the rows `attention` and `dropout` measure (default: all), e.g. triton 'sdpa (no position terms)' "
+        "flashdeberta",
     )
     p.add_argument(
         "--models",
@@ -682,10 +683,12 @@ def _with_backend_settings(run: Callable, **settings) -> Callable:
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout
 def dropout_section(args, device: str, dtype) -> Iterator[Unit]:
-    """The attention rows with dropout on the probabilities (training): backends that have it, and sdpa."""
+    """The attention rows with dropout on the probabilities (training): backends that have it, and sdpa (of
+    those, the ones ``--impls`` names)."""
+    only = None if args.impls is None else tuple(args.impls)
 
     def measure(n: int) -> list[dict]:
-        rows = _attention_rows(args, n, device, dtype, dropout_p=args.dropout)
+        rows = _attention_rows(args, n, device, dtype, only=only, dropout_p=args.dropout)
         return [{**r, "section": "dropout", "impl": f"{r['impl']} +dropout {args.dropout}"} for r in rows]
 
     for n in args.lengths:

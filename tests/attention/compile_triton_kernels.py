@@ -4,18 +4,23 @@ shared-memory overflow).
 
 Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT functions)::
 
-    python tests/attention/compile_triton_kernels.py          # the configured GPU tiles, bf16, d 64 and 128,
-                                                              # with and without dropout, sm_90, checked
+    python tests/attention/compile_triton_kernels.py          # the configured GPU tiles, bf16, d 64 (every
+                                                              # released model's) and the default road's
+                                                              # variants at d 128, with and without
+                                                              # dropout, sm_90, checked
                                                               # for register spills and (at distance
                                                               # i - j) for loads left inside branches and
                                                               # for one loop over tiles per run, and for
                                                               # products the warps compute twice;
                                                               # the distance tables' product and the fold
-                                                              # kernels (bf16, every head dim)
+                                                              # kernels (bf16: every variant at d 64, the
+                                                              # default ones at d 128)
                                                               # (and that Triton compiles no tensor-core
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)
-    python tests/attention/compile_triton_kernels.py --all    # dtypes × head dims × feature flags, sm_90 (+ sm_80),
+    python tests/attention/compile_triton_kernels.py --all    # the above at every variant and head dim
+                                                              # (16, 32, 64, 128), and dtypes × head dims ×
+                                                              # feature flags, sm_90 (+ sm_80),
                                                               # the products' and folds' fp16 too,
                                                               # and the configured tiles for sm_86 within its
                                                               # shared memory
@@ -40,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from debertakit.attention import triton_backend as B  # noqa: E402
 from debertakit.attention import triton_kernels as K  # noqa: E402
 from debertakit.attention.triton_aot import (  # noqa: E402
     FLAGS,
@@ -71,28 +77,59 @@ from debertakit.attention.triton_backend import (  # noqa: E402
 SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 
 
-def configured(capability: int):
-    """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road."""
+# The head dim of every released DeBERTa model (v1, v2, v3, mDeBERTa: hidden size / heads = 64). The default
+# run builds the variants of every kernel the backend may run there, and at the other head dims only what it
+# runs by default (`_default_road`, `_default_product`, `_default_fold`); --all builds every variant at every
+# head dim. Compiles are the default test run's
+# longest step: 208 kernels took 400 s of a fresh clone's run with an empty Triton cache (2026-11-27).
+RELEASED_HEAD_DIM = 64
+
+
+def _default_road(flags: dict) -> bool:
+    """Whether ``flags`` (a `configured` set) is the default road's (`triton_backend.NEAR_BAND`): on the
+    distance road, its gradients as `GRADIENT_STORES` stores them, in the tables' one band (inputs longer than
+    the saturation) or in their bands (shorter ones)."""
+    if B.NEAR_BAND != "distance":
+        return flags["IJ"] and flags["SKEW"] == B.NEAR_BAND.startswith("skew") and not flags["DIST"]
+    aligned = B.GRADIENT_STORES == "aligned"
+    return flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
+
+
+def configured(capability: int, everything: bool = True):
+    """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road (without
+    ``everything``: the default road's (`_default_road`), and at RELEASED_HEAD_DIM every road but the skewed
+    one, which `triton_backend.NEAR_BAND` takes only when set to it)."""
     every = dict(dict.fromkeys(FLAGS, True), GRAD_BANDS=False)
     for head_dim in (64, 128):
         for dropout in (False, True):
             flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
-            yield "bf16", head_dim, flags, capability
-            yield "bf16", head_dim, dict(flags, IJ=False), capability
-            yield "bf16", head_dim, dict(flags, SKEW=True), capability  # skewed where served (`_buildable`)
-            yield "bf16", head_dim, dict(flags, DIST=True), capability
-            # with its gradients in the tables' one band, stored 16 bytes at a time (`GRADIENT_STORES`)
-            yield "bf16", head_dim, dict(flags, DIST=True, GRAD_BANDS=True), capability
-            # inputs no longer than the saturation (v3 at N <= 512): one near run per program
-            yield "bf16", head_dim, dict(flags, FAR_TILES=False), capability
-            yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False), capability
-            # and their gradients in the tables' bands at an odd row stride
-            yield "bf16", head_dim, dict(flags, DIST=True, FAR_TILES=False, GRAD_BANDS=True), capability
+            for variant in _variants(flags):
+                released = head_dim == RELEASED_HEAD_DIM and not variant["SKEW"]  # (a road asked for by name)
+                if everything or released or _default_road(variant):
+                    yield "bf16", head_dim, variant, capability, True
+
+
+def _variants(flags: dict):
+    """The roads and layouts `configured` builds each kernel in, from ``flags``."""
+    yield flags
+    yield dict(flags, IJ=False)
+    yield dict(flags, SKEW=True)  # skewed where served (`_buildable`)
+    yield dict(flags, DIST=True)
+    # with its gradients in the tables' one band, stored 16 bytes at a time (`GRADIENT_STORES`)
+    yield dict(flags, DIST=True, GRAD_BANDS=True)
+    # inputs no longer than the saturation (v3 at N <= 512): one near run per program
+    yield dict(flags, FAR_TILES=False)
+    yield dict(flags, DIST=True, FAR_TILES=False)
+    # and their gradients in the tables' bands at an odd row stride
+    yield dict(flags, DIST=True, FAR_TILES=False, GRAD_BANDS=True)
 
 
 def configurations(everything: bool):
+    """(dtype, head dim, flags, capability, configured): what to build, and whether it is a configured tiles'
+    build (`configured`), whose cubin is read and checked: for sm_90 the code an H100 runs, for sm_86 its shared
+    memory."""
+    yield from configured(90, everything)
     if not everything:
-        yield from configured(90)
         return
     yield from configured(86)
     flag_sets = [dict(zip(FLAGS, bits)) for bits in itertools.product((False, True), repeat=len(FLAGS))]
@@ -100,8 +137,8 @@ def configurations(everything: bool):
     flag_sets = flag_sets[::89] + flag_sets[-1:]
     for dtype, head_dim in (("bf16", 64), ("fp16", 128), ("fp32", 32), ("bf16", 16)):
         for flags in flag_sets:
-            yield dtype, head_dim, flags, 90
-        yield dtype, head_dim, flag_sets[-1], 80
+            yield dtype, head_dim, flags, 90, False
+        yield dtype, head_dim, flag_sets[-1], 80, False
 
 
 def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
@@ -150,12 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
     n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
-    for dtype, head_dim, every, capability in configurations(args.all):
+    for dtype, head_dim, every, capability, check in configurations(args.all):
         for name in KERNEL_NAMES:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
-            # the configured tiles: read the cubin too (sm_90 by default; sm_86, for its shared memory, with --all)
-            check = not args.all or capability == 86
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
             n += 1
             if c is not None and c.shared_bytes > SHARED_LIMITS[capability]:
@@ -163,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name} d{head_dim} {tiles} {flags} on sm_{capability}: {c.shared_bytes} bytes of shared "
                     f"memory, over the {SHARED_LIMITS[capability]} a block may use"
                 )
-            if capability != 90:
-                continue  # the checks below are of the code an H100 runs
+            if capability != 90 or not check:
+                continue  # the checks below are of the configured tiles' code an H100 runs
             if c is not None and c.stack_bytes:
                 # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
                 timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
@@ -199,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.product_sweep:
         shapes += _product_sweep()
     # (the column loop with pointer stores also building both tables in one launch: `PRODUCT_LAUNCHES` "one")
+    # (without --all, the variants other than the default, `_default_product`, at RELEASED_HEAD_DIM only)
     variants = [
         (shape, dtype, head_dim, tma, wrap, pair)
         for shape, dtype, head_dim, tma, wrap in itertools.product(
@@ -209,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             (True, False),
         )
         for pair in ((False, True) if shape[1] == "columns" and wrap and not tma else (False,))
+        if args.all
+        or head_dim == RELEASED_HEAD_DIM
+        or (_default_product(shape[1], tma, wrap) and head_dim > 32)
     ]
     for (tiles, programs), dtype, head_dim, tma, wrap, pair in variants:
         loops = dict(row_loop=programs == "rows", col_loop=programs == "columns")
@@ -243,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, head_dim, (sums, pair, banded, cells), swept in itertools.product(
         ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), variants, [None, *sweep]
     ):
+        # (without --all, the variants other than the default at RELEASED_HEAD_DIM only: `_default_fold`)
+        if not (
+            args.all or head_dim == RELEASED_HEAD_DIM or (_default_fold(sums, pair, cells) and head_dim > 32)
+        ):
+            continue
         tiles = swept or (FOLD_SUMS_TILES if sums else FOLD_TILES)
         c = compile_fold_kernel(dtype, head_dim, tiles, sums=sums, pair=pair, banded=banded, cells=cells)
         n += 1
@@ -281,6 +325,25 @@ def main(argv: list[str] | None = None) -> int:
         if problems:
             print(f"{title}:\n" + "\n".join(problems), file=sys.stderr)
     return 1 if any(problems for _, problems in checks) else 0
+
+
+def _default_product(programs: str, tma: bool, wrap: bool) -> bool:
+    """Whether a product kernel's build is of the backend's defaults: the column loop (both tile shapes,
+    `PRODUCT_PROGRAMS`), stores through pointers (`PRODUCT_STORES`) and the rows' ends wrapped
+    (`PRODUCT_EDGES`), one table or both (`PRODUCT_LAUNCHES`)."""
+    return (
+        programs == B.PRODUCT_PROGRAMS
+        and tma == (B.PRODUCT_STORES == "tma")
+        and wrap == (B.PRODUCT_EDGES == "wrap")
+    )
+
+
+def _default_fold(sums: bool, pair: bool, cells: bool) -> bool:
+    """Whether a fold kernel's build is of the backend's defaults: both sides in one launch or one each
+    (`FOLD_LAUNCHES`), the sums by class or by cell (`FOLD_SUMS_REDUCTION`), in the buffer's order or in
+    bands."""
+    by_cell = sums and B.FOLD_SUMS_REDUCTION == "cells"
+    return pair == (B.FOLD_LAUNCHES == "one") and cells == by_cell
 
 
 def _gpu_suite():

@@ -2298,6 +2298,35 @@ def test_kernels_compile_for_sm90():
     _compile_for_gpu()
 
 
+def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
+    """The default run's compile check builds at head dim 128 the default road's kernels (with and without
+    dropout, long and short inputs), at head dim 64 every road the backend may take, and of the product and
+    fold kernels the defaults at both; `--all` (the slow test) builds all of that and the rest."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("compile_triton_kernels.py")
+    spec = importlib.util.spec_from_file_location("compile_triton_kernels", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    default, every = list(script.configurations(False)), list(script.configurations(True))
+    assert all(c in every for c in default) and len(default) < len(every)
+    wide = [flags for _, dim, flags, _, _ in default if dim == 128]
+    assert {(f["DROPOUT"], f["FAR_TILES"]) for f in wide} == {
+        (a, b) for a in (False, True) for b in (False, True)
+    }
+    assert all(f["DIST"] and f["GRAD_BANDS"] and not f["SKEW"] for f in wide)
+    released = [flags for _, dim, flags, _, _ in default if dim == 64]
+    assert {(f["IJ"], f["DIST"]) for f in released} == {(False, False), (True, False), (True, True)}
+    assert not any(f["SKEW"] for f in released)
+    assert script._default_product("columns", tma=False, wrap=True)
+    assert not script._default_product("rows", tma=False, wrap=True)
+    assert not script._default_product("columns", tma=True, wrap=True)
+    assert script._default_fold(sums=True, pair=True, cells=False)
+    assert not script._default_fold(sums=True, pair=False, cells=False)
+    assert not script._default_fold(sums=True, pair=True, cells=True)
+
+
 # ------------------------------------------------------------------------------------------------ slow / GPU
 SLOW_GRID = {
     "n130_d64_heads2": Case(n=130, heads=2, dim=64),
@@ -2889,16 +2918,21 @@ def test_gpu_benchmark_graph_row_replays_one_capture_gpu():
 
 
 def test_gpu_benchmark_dropout_section_rows(tmp_path):
-    """The `dropout` section times the backends that have dropout, with it on (sdpa as the ceiling)."""
+    """The `dropout` section times the backends that have dropout, with it on (sdpa as the ceiling), of the rows
+    ``--impls`` names (here not the backend's settings' rows, each seconds under the interpreter)."""
     import json
 
     out = tmp_path / "dropout.json"
     args = ["--smoke", "--sections", "dropout", "--lengths", "16", "--dropout", "0.2", "--out", str(out)]
-    assert _benchmark_module().main(args) == 0
+    named = ["triton", "eager", "flex", "triton skew", "triton skew-forward", "sdpa (no position terms)"]
+    named += ["triton (no position terms)", "triton (tables kept)"]
+    assert _benchmark_module().main([*args, "--impls", *named]) == 0
     rows = json.loads(out.read_text())["rows"]
     impls = {r["impl"] for r in rows}
     assert {"triton +dropout 0.2", "eager +dropout 0.2", "sdpa (no position terms) +dropout 0.2"} <= impls
     assert {"triton skew +dropout 0.2", "triton skew-forward +dropout 0.2"} <= impls  # both skewed roads
+    assert "triton (tables kept) +dropout 0.2" in impls  # a setting's row, as the others
+    assert "chunked +dropout 0.2" not in impls  # not named
     assert not any(r["impl"].startswith("flex") for r in rows)  # flex has no dropout: not timed
     # the plain row runs in the targets' setting only
     assert not any(r["impl"].startswith("triton (no position terms)") for r in rows)
@@ -3250,22 +3284,31 @@ def test_gpu_benchmark_smoke_mode_writes_its_table(tmp_path):
     assert any(v.startswith("triton skew long N=32 batch 1: runs") for v in result["verdicts"])
 
 
-def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys):
+def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_path, capsys, monkeypatch):
     """``--sections profile``: each road's `triton` row, the default road with cuBLAS's distance tables, with
     the product kernel's two variants, with its rows' ends masked, with its gradients in one band and stored by
     cell, and the kernels without position terms, with its time split by kernel (summing to the row's time);
-    ``--impls`` keeps only the named rows of ``attention``."""
+    ``--impls`` keeps only the named rows of ``attention``. Three of the profile's rows are profiled here, one
+    of each kind the split meets (the default, a setting of the backend changed for the call, the kernels
+    without position terms): under the interpreter each row takes seconds, and the split is one code for all."""
     import json
 
     out = tmp_path / "profile.json"
     args = ["--smoke", "--sections", "attention", "profile", "--lengths", "16", "--impls", "triton"]
     bench = _benchmark_module()
     bench.PROFILE_CALLS = 1  # the split is what is checked; one profiled call (after the warm-up) shows it
+    here = ("triton", bench.ONE_BAND_GRADIENTS_ROW, bench.PLAIN_ROW)
+    asked, rows_of = [], bench._attention_rows
+
+    def three_of_the_profiles_rows(*a, **kw):
+        if kw.get("timer") is bench.profile_kernels:
+            asked.extend(kw["only"])
+            kw["only"] = tuple(row for row in kw["only"] if row in here)
+        return rows_of(*a, **kw)
+
+    monkeypatch.setattr(bench, "_attention_rows", three_of_the_profiles_rows)
     assert bench.main([*args, "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["impl"] for r in rows if r["section"] == "attention"] == ["triton"]
-    profiled = [r for r in rows if r["section"] == "profile"]
-    assert [r["impl"] for r in profiled] == [
+    assert asked == [
         "triton",  # the default road (distance): its twin row "triton distance" is not run again
         "triton tables",
         "triton skew-forward",
@@ -3285,6 +3328,11 @@ def test_gpu_benchmark_profile_splits_time_by_kernel_and_impls_picks_rows(tmp_pa
         "triton (fold sums by matmul)",
         "triton (no position terms)",
     ]
+    assert set(asked) <= set(bench.attention_row_names())  # each a row the section builds
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["impl"] for r in rows if r["section"] == "attention"] == ["triton"]
+    profiled = [r for r in rows if r["section"] == "profile"]
+    assert [r["impl"] for r in profiled] == list(here)
     for r in profiled:
         for prefix in ("fwd", "fwd_bwd"):
             kernels = r[f"{prefix}_kernels_ms"]
