@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import datetime
 import functools
 import json
@@ -150,14 +149,6 @@ class _NoLaunch:
         )
 
 
-_AUTOCAST = torch.autocast
-
-
-def _autocast_off_on_meta(device_type: str, *args, **kwargs):
-    """The ops turn autocast off for their device, which autocast does not know for ``meta``: nothing to do."""
-    return contextlib.nullcontext() if device_type == "meta" else _AUTOCAST(device_type, *args, **kwargs)
-
-
 def measure(
     n: int,
     tokens: int,
@@ -226,10 +217,9 @@ def measure(
         tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
     )
     with mock.patch.multiple(triton_backend, **patches):
-        with mock.patch.multiple(torch, autocast=_autocast_off_on_meta):
-            triton_backend.triton_attention(
-                q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
-            )
+        triton_backend.triton_attention(
+            q, k, v, pos_q, pos_k, rel, Geometry(), scale=scale_for(dim, 3), terms=terms
+        )
     attention = 4 * n * n * dim * heads * batch
     row = dict(
         n=n,

@@ -25,6 +25,7 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -38,7 +39,7 @@ from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, capability_str, register
-from debertakit.attention.relative import RelativeIndex, kept
+from debertakit.attention.relative import RelativeIndex, capturing_cuda_graph, kept
 from debertakit.attention.triton_aot import Tiles
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -1029,9 +1030,22 @@ def _strides(q: Tensor, k: Tensor) -> tuple[int, ...]:
 
 def _or_unused(t: Tensor | None, device: torch.device, dtype: torch.dtype = torch.int32) -> Tensor:
     """``t``, or where it is absent a one-element stand-in for a kernel argument that the kernel's flags keep
-    it from reading. Uninitialised (``empty``): an allocation from the cache, where ``zeros`` would launch a
-    GPU kernel to fill it, several per call."""
-    return t if t is not None else torch.empty(1, dtype=dtype, device=device)
+    it from reading (nor does any kernel write it). Uninitialised (``empty``: ``zeros`` would launch a GPU
+    kernel to fill it) and kept per device and dtype (`_STAND_INS`; not one made while a CUDA graph is
+    captured, which would live in the graph's memory pool: see `relative.kept`): a forward passes up to seven,
+    a backward more, each an allocation per call otherwise."""
+    if t is not None:
+        return t
+    stand_in = _STAND_INS.get((device, dtype))
+    if stand_in is None:
+        with torch.inference_mode(False):  # a normal tensor, whatever mode the first call ran in
+            stand_in = torch.empty(1, dtype=dtype, device=device)
+        if not capturing_cuda_graph():
+            _STAND_INS[device, dtype] = stand_in
+    return stand_in
+
+
+_STAND_INS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
 
 def _draw_seed(device: torch.device) -> Tensor:
@@ -1123,7 +1137,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
     dev = q.device
     lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _ = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
-    with torch.autocast(dev.type, enabled=False):
+    with _autocast_off(dev.type):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         inputs = _position_inputs(
@@ -1146,6 +1160,16 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             SKEW=skew, DIST=dist, WT=t.skew_width,
         )  # fmt: skip
     return out, lse, inputs
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off for the ops around the kernels (products, folds: in the inputs' dtype, as without autocast)
+    where the caller has it on; where it is off, or autocast does not know the device (``meta``, on which
+    `benchmarks/triton_host_cost.py` records a call's ops), no context: entering and leaving ``torch.autocast``
+    costs host time in every call of every layer."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 _fwd_op = torch.library.custom_op("debertakit::disentangled_attention_fwd", _fwd, mutates_args=())
@@ -1697,7 +1721,7 @@ def _bwd(
         *aux[:AUX_COUNT]
     )
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
-    with torch.autocast(dev.type, enabled=False):
+    with _autocast_off(dev.type):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(

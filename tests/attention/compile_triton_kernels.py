@@ -18,6 +18,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # (and that Triton compiles no tensor-core
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)
+    python tests/attention/compile_triton_kernels.py --part attention  # the attention kernels alone
+                                                              # (--part tables: the product and folds)
     python tests/attention/compile_triton_kernels.py --all    # the above at every variant and head dim
                                                               # (16, 32, 64, 128), and dtypes × head dims ×
                                                               # feature flags, sm_90 (+ sm_80),
@@ -83,6 +85,9 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 # head dim. Compiles are the default test run's
 # longest step: 208 kernels took 400 s of a fresh clone's run with an empty Triton cache (2026-11-27).
 RELEASED_HEAD_DIM = 64
+# ``--part``: the attention kernels (`triton_kernels`), or the distance tables' product and the backward's fold
+# kernels (`triton_products`); the default test run builds the two in two tests, which two workers can share
+PARTS = ("attention", "tables")
 
 
 def _default_road(flags: dict) -> bool:
@@ -180,14 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true")
     parser.add_argument("--product-sweep", action="store_true")
     parser.add_argument("--fold-sweep", action="store_true")
+    parser.add_argument(
+        "--part",
+        choices=PARTS,
+        help="only the attention kernels, or only the distance tables' product and the fold kernels (default: both)",
+    )
     args = parser.parse_args(argv)
+    attention, tables = (args.part in (None, part) for part in PARTS)
     if triton.knobs.runtime.interpret:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
     # every compile states its FP fusion (`Tiles.options`): Triton 3.9 warns where one falls back on the default,
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
     n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
-    for dtype, head_dim, every, capability, check in configurations(args.all):
+    for dtype, head_dim, every, capability, check in configurations(args.all) if attention else ():
         for name in KERNEL_NAMES:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
@@ -245,9 +256,12 @@ def main(argv: list[str] | None = None) -> int:
             (True, False),
         )
         for pair in ((False, True) if shape[1] == "columns" and wrap and not tma else (False,))
-        if args.all
-        or head_dim == RELEASED_HEAD_DIM
-        or (_default_product(shape[1], tma, wrap) and head_dim > 32)
+        if tables
+        and (
+            args.all
+            or head_dim == RELEASED_HEAD_DIM
+            or (_default_product(shape[1], tma, wrap) and head_dim > 32)
+        )
     ]
     for (tiles, programs), dtype, head_dim, tma, wrap, pair in variants:
         loops = dict(row_loop=programs == "rows", col_loop=programs == "columns")
@@ -283,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         ("bf16", "fp16") if args.all else ("bf16",), (16, 32, 64, 128), variants, [None, *sweep]
     ):
         # (without --all, the variants other than the default at RELEASED_HEAD_DIM only: `_default_fold`)
-        if not (
+        if not tables or not (
             args.all or head_dim == RELEASED_HEAD_DIM or (_default_fold(sums, pair, cells) and head_dim > 32)
         ):
             continue
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == loops
         if not (fit and c.ops["LDG.V4"]):
             folds_unfit.append(f"{name}: {c}")
-    premise = [] if args.all else tensor_cores_from_sm80()
+    premise = [] if args.all or not attention else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
         print("register spills at tiles chosen by GPU timing (allowed):\n" + "\n".join(timed_spills))

@@ -523,6 +523,27 @@ def test_torch_compile_custom_op_forward_and_backward():
         torch.testing.assert_close(a, t.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_kernel_stand_ins_are_made_once_per_device_and_dtype_and_not_while_a_graph_is_captured(monkeypatch):
+    """The one-element stand-ins for the arguments a kernel's flags keep it from reading (`_or_unused`) are
+    kept per device and dtype (normal tensors, even where the first call ran under inference mode); while a
+    CUDA graph is captured a new one is made and not kept (it would live in the graph's memory pool)."""
+    monkeypatch.setattr(triton_backend, "_STAND_INS", {})
+    given = torch.ones(2, dtype=torch.int32)
+    assert triton_backend._or_unused(given, torch.device("cpu")) is given
+    with torch.inference_mode():
+        first = triton_backend._or_unused(None, torch.device("cpu"))
+    assert not first.is_inference() and first.dtype == torch.int32 and first.numel() == 1
+    assert triton_backend._or_unused(None, torch.device("cpu")) is first
+    other = triton_backend._or_unused(None, torch.device("cpu"), torch.float32)
+    assert other is not first and other.dtype == torch.float32
+    monkeypatch.setattr(triton_backend, "_STAND_INS", {})
+    monkeypatch.setattr(triton_backend, "capturing_cuda_graph", lambda: True)
+    captured = triton_backend._or_unused(None, torch.device("cpu"))
+    assert (
+        triton_backend._or_unused(None, torch.device("cpu")) is not captured and not triton_backend._STAND_INS
+    )
+
+
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_eager_calls_run_the_ops_bodies_without_their_dispatch(monkeypatch, dropout_p):
     """Outside ``torch.compile`` a call runs the custom ops' bodies under a plain autograd node, without
@@ -2293,9 +2314,11 @@ def test_static_report_costs_a_tile_per_thread_and_per_score():
     )
 
 
-def test_kernels_compile_for_sm90():
-    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed)."""
-    _compile_for_gpu()
+@pytest.mark.parametrize("part", ["attention", "tables"])
+def test_kernels_compile_for_sm90(part):
+    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In two
+    parts (the attention kernels; the product and fold kernels) that two workers can share."""
+    _compile_for_gpu("--part", part)
 
 
 def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
