@@ -18,8 +18,9 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # (and that Triton compiles no tensor-core
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)
-    python tests/attention/compile_triton_kernels.py --part attention  # the attention kernels alone
-                                                              # (--part tables: the product and folds)
+    python tests/attention/compile_triton_kernels.py --part forward  # the forward kernel alone (--part
+                                                              # backward: dQ and dK/dV; --part tables:
+                                                              # the product and folds)
     python tests/attention/compile_triton_kernels.py --all    # the above at every variant and head dim
                                                               # (16, 32, 64, 128), and dtypes × head dims ×
                                                               # feature flags, sm_90 (+ sm_80),
@@ -82,12 +83,14 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 # The head dim of every released DeBERTa model (v1, v2, v3, mDeBERTa: hidden size / heads = 64). The default
 # run builds the variants of every kernel the backend may run there, and at the other head dims only what it
 # runs by default (`_default_road`, `_default_product`, `_default_fold`); --all builds every variant at every
-# head dim. Compiles are the default test run's longest step: all 208 took 400 s of a fresh clone's test run,
-# these 89 took 255 s with an empty Triton cache (two workers, 2026-11-27).
+# head dim. Compiles are the default test run's longest step: all 208 took 400 s of a fresh clone's test run
+# (2026-11-27); these 80, alone on a quiet machine with an empty Triton cache, 157 s (--part forward 38 s,
+# backward 78 s, tables 40 s).
 RELEASED_HEAD_DIM = 64
-# ``--part``: the attention kernels (`triton_kernels`), or the distance tables' product and the backward's fold
-# kernels (`triton_products`); the default test run builds the two in two tests, which two workers can share
-PARTS = ("attention", "tables")
+# ``--part``: the attention kernels' forward (with the sm_75 / sm_80 premise) or backward (`triton_kernels`), or
+# the distance tables' product and the backward's fold kernels (`triton_products`); the default test run builds
+# the three in three tests, which two workers can share
+PARTS = {"forward": FORWARD, "backward": BACKWARD, "tables": ()}
 
 
 def _default_road(flags: dict) -> bool:
@@ -103,13 +106,17 @@ def _default_road(flags: dict) -> bool:
 def configured(capability: int, everything: bool = True):
     """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road (without
     ``everything``: the default road's (`_default_road`), and at RELEASED_HEAD_DIM every road but the skewed
-    one, which `triton_backend.NEAR_BAND` takes only when set to it)."""
+    one, which `triton_backend.NEAR_BAND` takes only when set to it, with dropout the distance road's)."""
     every = dict(dict.fromkeys(FLAGS, True), GRAD_BANDS=False)
     for head_dim in (64, 128):
         for dropout in (False, True):
             flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
             for variant in _variants(flags):
-                released = head_dim == RELEASED_HEAD_DIM and not variant["SKEW"]  # (a road asked for by name)
+                # at RELEASED_HEAD_DIM every road but the skewed one (asked for by name), with dropout the
+                # distance road's (the others' dropout is the same code, built by --all)
+                released = (
+                    head_dim == RELEASED_HEAD_DIM and not variant["SKEW"] and (variant["DIST"] or not dropout)
+                )
                 if everything or released or _default_road(variant):
                     yield "bf16", head_dim, variant, capability, True
 
@@ -187,19 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fold-sweep", action="store_true")
     parser.add_argument(
         "--part",
-        choices=PARTS,
-        help="only the attention kernels, or only the distance tables' product and the fold kernels (default: both)",
+        choices=list(PARTS),
+        help="only the attention kernels' forward or backward, or only the distance tables' product and the "
+        "fold kernels (default: all)",
     )
     args = parser.parse_args(argv)
-    attention, tables = (args.part in (None, part) for part in PARTS)
+    kernels = KERNEL_NAMES if args.part is None else PARTS[args.part]
+    tables = args.part in (None, "tables")
     if triton.knobs.runtime.interpret:
         raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions to be compiled")
     # every compile states its FP fusion (`Tiles.options`): Triton 3.9 warns where one falls back on the default,
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
     n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
-    for dtype, head_dim, every, capability, check in configurations(args.all) if attention else ():
-        for name in KERNEL_NAMES:
+    for dtype, head_dim, every, capability, check in configurations(args.all) if kernels else ():
+        for name in kernels:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
@@ -317,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         fit = not c.stack_bytes and any(c.ops[op] for op in MMA_OPS) and len(c.tile_loops) == loops
         if not (fit and c.ops["LDG.V4"]):
             folds_unfit.append(f"{name}: {c}")
-    premise = [] if args.all or not attention else tensor_cores_from_sm80()
+    premise = [] if args.all or "_fwd_kernel" not in kernels else tensor_cores_from_sm80()
     print(f"compiled {n} kernels")
     if timed_spills:
         print("register spills at tiles chosen by GPU timing (allowed):\n" + "\n".join(timed_spills))

@@ -2314,17 +2314,19 @@ def test_static_report_costs_a_tile_per_thread_and_per_score():
     )
 
 
-@pytest.mark.parametrize("part", ["attention", "tables"])
+@pytest.mark.parametrize("part", ["forward", "backward", "tables"])
 def test_kernels_compile_for_sm90(part):
-    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In two
-    parts (the attention kernels; the product and fold kernels) that two workers can share."""
+    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In three
+    parts (the attention kernels' forward, their backward, the product and fold kernels) that two workers can
+    share."""
     _compile_for_gpu("--part", part)
 
 
 def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
     """The default run's compile check builds at head dim 128 the default road's kernels (with and without
-    dropout, long and short inputs), at head dim 64 every road the backend may take, and of the product and
-    fold kernels the defaults at both; `--all` (the slow test) builds all of that and the rest."""
+    dropout, long and short inputs), at head dim 64 every road the backend may take (with dropout the distance
+    road's), and of the product and fold kernels the defaults at both; `--all` (the slow test) builds all of
+    that and the rest."""
     import importlib.util
     from pathlib import Path
 
@@ -2342,6 +2344,8 @@ def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
     released = [flags for _, dim, flags, _, _ in default if dim == 64]
     assert {(f["IJ"], f["DIST"]) for f in released} == {(False, False), (True, False), (True, True)}
     assert not any(f["SKEW"] for f in released)
+    assert {f["GRAD_BANDS"] for f in released if f["DROPOUT"] and f["DIST"]} == {False, True}
+    assert all(f["DIST"] for f in released if f["DROPOUT"])
     assert script._default_product("columns", tma=False, wrap=True)
     assert not script._default_product("rows", tma=False, wrap=True)
     assert not script._default_product("columns", tma=True, wrap=True)
