@@ -1045,6 +1045,8 @@ def _or_unused(t: Tensor | None, device: torch.device, dtype: torch.dtype = torc
     return stand_in
 
 
+# (a plain dict, never dropped: unlike `relative.kept`'s entries, which a graph captured with them could outlive,
+# one made before a capture may serve inside it)
 _STAND_INS: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
 

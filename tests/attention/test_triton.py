@@ -2327,13 +2327,9 @@ def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
     dropout, long and short inputs), at head dim 64 every road the backend may take (with dropout the distance
     road's), and of the product and fold kernels the defaults at both; `--all` (the slow test) builds all of
     that and the rest."""
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).with_name("compile_triton_kernels.py")
-    spec = importlib.util.spec_from_file_location("compile_triton_kernels", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script_module(Path(__file__).with_name("compile_triton_kernels.py"))
     default, every = list(script.configurations(False)), list(script.configurations(True))
     assert all(c in every for c in default) and len(default) < len(every)
     wide = [flags for _, dim, flags, _, _ in default if dim == 128]
@@ -2709,11 +2705,16 @@ def test_long_sequence_runs_gpu():
 
 # ------------------------------------------------------------------------------------------ GPU benchmark
 def _benchmark_module(name: str = "attention_gpu"):
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    return _script_module(Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py")
+
+
+def _script_module(path):
+    """The script at ``path`` (a benchmark, the compile check) imported as a module, its ``main`` not run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
