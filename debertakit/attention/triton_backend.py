@@ -1834,10 +1834,12 @@ def _plus(total: Tensor | None, term: Tensor) -> Tensor:
 
 
 def _position_grad(grad: Tensor | None, table: Tensor | None, q: Tensor) -> Tensor:
-    """A position table's gradient in its dtype; an empty tensor when the table is absent."""
+    """A position table's gradient in its dtype and layout (``empty_like``'s strides, the fake's: the model's
+    tables, (R, H, d) projections viewed per head, take theirs back without a copy); an empty tensor when the
+    table is absent."""
     if table is None:
         return q.new_empty(0)
-    return torch.zeros_like(table) if grad is None else grad.to(table.dtype)
+    return torch.zeros_like(table) if grad is None else torch.empty_like(table).copy_(grad)
 
 
 @_bwd_op.register_fake
@@ -2048,6 +2050,16 @@ def _luts(rel: RelativeIndex, sat: int, rows: int, device: torch.device) -> tupl
     return lo, hi, lut, _mirrored(lut, sat)
 
 
+def _table_layout(table: Tensor | None) -> Tensor | None:
+    """A (H, R, d) position table as the kernels take it: contiguous for the skewed roads (`NEAR_BAND`), whose
+    kernels index its rows as ``row · HEAD_DIM``; as it is for the others, which read it through its strides.
+    The model's tables are (R, H, d) projections viewed per head (`split_heads`), and a direct caller's may be
+    cut to the rows a short input indexes (`_lut`): a copy of each in every layer's forward otherwise."""
+    if table is None or NEAR_BAND not in ("skew-forward", "skew"):
+        return table
+    return table.contiguous()
+
+
 def _far_tiles(geom: Geometry, ij: bool, sat: int, NQ: int, NK: int) -> bool:
     """Whether a far tile (every pair ``sat`` or more apart) may occur, so that the kernels read FAR
     (`_far_columns`). At distance i - j none does when no visible pair is that far apart: neither side longer
@@ -2163,8 +2175,8 @@ def triton_attention(
         q,
         k,
         v,
-        pos_q.contiguous() if pos_q is not None and (p2c or p2p) else None,
-        pos_k.contiguous() if pos_k is not None and (c2p or p2p) else None,
+        _table_layout(pos_q) if p2c or p2p else None,
+        _table_layout(pos_k) if c2p or p2p else None,
         list(aux),
         float(scale),
         config.values(),

@@ -52,6 +52,7 @@ from debertakit.attention import (  # noqa: E402
 from debertakit.attention.dropout import rounded_p  # noqa: E402
 from debertakit.attention.triton_backend import Tiles, dropout_keep_mask, triton_attention  # noqa: E402
 from debertakit.attention.triton_kernels import _split  # noqa: E402
+from debertakit.model.layers import split_heads  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -597,15 +598,17 @@ def test_calls_without_gradients_build_no_autograd_node(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "dropout_p, near_band",
-    [(0.0, "tables"), (0.2, "tables"), (0.0, "distance")],
-    ids=["no_dropout", "dropout", "distance"],
+    "dropout_p, near_band, model_layout",
+    [(0.0, "tables", False), (0.2, "tables", False), (0.0, "distance", False), (0.0, "distance", True)],
+    ids=["no_dropout", "dropout", "distance", "model_layout"],
 )
-def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band):
+def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band, model_layout):
     """Schema, fake (meta) implementation, autograd registration and AOT dispatch with dynamic shapes (with
-    dropout the seed is an input, so repeated runs agree; on the distance road the cells are one too)."""
+    dropout the seed is an input, so repeated runs agree; on the distance road the cells are one too). With
+    ``model_layout`` the position tables come as the model's are, (R, H, d) viewed per head: the op takes them
+    so, and the fake and the real backward give their gradients the same strides."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
-    c = GRID["packed_causal"]
+    c = GRID["heads2_d32_batch2"] if model_layout else GRID["packed_causal"]
     captured = []
     real = triton_backend._attention
 
@@ -614,8 +617,16 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band
         return real(*args)
 
     monkeypatch.setattr(triton_backend, "_attention", spy)
+    q, k, v, pos_q, pos_k = _inputs(c, torch.float32, DEVICE)
+    if model_layout:
+        pos_q, pos_k = (split_heads(t.detach().transpose(0, 1).flatten(1), c.heads) for t in (pos_q, pos_k))
+        pos_q, pos_k = pos_q.requires_grad_(), pos_k.requires_grad_()
     triton_attention(
-        *_inputs(c, torch.float32, DEVICE),
+        q,
+        k,
+        v,
+        pos_q,
+        pos_k,
         c.rel,
         _geometry(c, DEVICE),
         scale=0.2,
@@ -625,7 +636,13 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band
     aux = triton_backend._Aux(*captured[0][5])
     assert (aux.seed is None) == (dropout_p == 0.0)
     assert (aux.cells is None) == (near_band == "tables")  # the distance tables' cells
+    assert captured[0][4].is_contiguous() != model_layout  # the tables as given (`_table_layout`)
     torch.library.opcheck(torch.ops.debertakit.disentangled_attention_fwd.default, captured[0])
+    if model_layout:  # the real backward gives the tables' gradients the fake's strides, the tables' own
+        op, *inputs = torch.ops.debertakit.disentangled_attention_fwd.default, *captured[0]
+        out, _ = op(*inputs)
+        strides = [g.stride() for g in torch.autograd.grad(out, [pos_q, pos_k], torch.ones_like(out))]
+        assert strides == [t.stride() for t in (pos_q, pos_k)], strides
 
 
 def test_autocast_keeps_float32_scores():
@@ -1704,6 +1721,48 @@ def test_product_kernel_variants_leave_the_attention_unchanged(monkeypatch, name
         assert torch.equal(out, out_v)
         for g, g_v in zip(grads, grads_v):
             assert torch.equal(g, g_v)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="runs the kernels in the interpreter")
+@pytest.mark.parametrize("road", triton_backend.NEAR_BAND_MODES)
+def test_position_tables_in_the_models_layout_are_read_in_place(monkeypatch, road):
+    """The model's position tables are (R, H, d) projections viewed per head (`split_heads`: not contiguous). Every
+    road but the skewed ones reads them through their strides, so a forward copies neither table (it copied both,
+    in every layer); the skewed kernels, which index a table's rows as row · HEAD_DIM, get contiguous copies
+    (`_table_layout`). The output and every gradient are those of contiguous tables, bit for bit (bfloat16: on
+    the distance road the tables' product kernel reads them)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            self.names.append((func.overloadpacket.__name__, () if first is None else tuple(first.shape)))
+            return func(*args, **(kwargs or {}))
+
+    _near_band(monkeypatch, road)
+    c = GRID["heads2_d32_batch2"]
+    q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
+
+    def model_layout(t):  # the same values, laid out as `split_heads(proj(rel_table))` gives them
+        rows = t.detach().transpose(0, 1).contiguous().flatten(1)  # (R, H·d)
+        return split_heads(rows, c.heads).requires_grad_()
+
+    viewed = [model_layout(pos_q), model_layout(pos_k)]
+    assert not viewed[0].is_contiguous() and torch.equal(viewed[0], pos_q)
+    out, grads = _run(triton_attention, c, (q, k, v, pos_q, pos_k), _geometry(c, DEVICE))
+    out_v, grads_v = _run(triton_attention, c, (q, k, v, *viewed), _geometry(c, DEVICE))
+    assert torch.equal(out, out_v)
+    for g, g_v in zip(grads, grads_v):
+        assert torch.equal(g, g_v)
+    with torch.no_grad(), Ops() as ops:
+        triton_attention(q, k, v, *viewed, c.rel, _geometry(c, DEVICE), scale=0.1, terms=c.terms)
+    # (H, R, d): a table's rows, cut to those the call indexes; q and k have their own copies per head here
+    copies = [shape for name, shape in ops.names if name == "clone" and len(shape) == 3]
+    assert len(copies) == (2 if road.startswith("skew") else 0), ops.names
 
 
 @pytest.mark.parametrize(
@@ -3498,12 +3557,13 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     assert moved[kept, "backward"] < moved["distance", "backward"]
     # the fold kernels: the forward as before; the backward without the sixteen matmuls a fold (eight products,
     # eight sums), without the pads of the table rows they read, and without converting dQ / dK (the kernel
-    # writes them)
+    # writes them): the only copies left are the position tables' gradients, into the tables' layout
     assert moved[fold, "forward"] == moved["distance", "forward"]
     assert moved[fold, "backward"] < moved["distance", "backward"]
     launches = {r["near_band"]: r["backward"]["launches"] for r in rows}
     assert launches[fold]["baddbmm"] == launches["distance"]["baddbmm"] - 32
-    assert "constant_pad_nd" not in launches[fold] and launches[fold]["_to_copy"] == 2
+    assert "constant_pad_nd" not in launches[fold] and "_to_copy" not in launches[fold]
+    assert launches[fold]["copy_"] == 2
     # the default's kernels: the tables from one launch, each fold kernel once for both sides (`FOLD_LAUNCHES`)
     kernels = {r["near_band"]: r["backward"]["kernels"] for r in rows}
     assert kernels[default] == {
@@ -3694,13 +3754,15 @@ def test_absent_arguments_launch_nothing(monkeypatch):
 def test_banded_folds_write_the_gradients_in_one_pass():
     """In bands the folds' products are added to dQ / dK in float32 and the sums written in the inputs' dtype by
     one operation each (`_add_bands`), not added into the float32 gradients and converted after: no in-place
-    add, and the only conversions left are the two position tables' gradients. With one band (N = 128 here)
-    the products add into dQ / dK in their epilogue, and the gradients are converted as before."""
+    add, and the only conversions left are the two position tables' gradients (copied into the tables' layout,
+    `_position_grad`). With one band (N = 128 here) the products add into dQ / dK in their epilogue, and dQ / dK
+    are converted as before."""
     bench = _benchmark_module("triton_host_cost")
     banded = bench.measure(512, 1024, 2, 64, "distance")["backward"]["launches"]
-    assert banded.get("add") == 2 and "add_" not in banded and banded["_to_copy"] == 2, banded
+    assert banded.get("add") == 2 and "add_" not in banded and "_to_copy" not in banded, banded
+    assert banded["copy_"] == 2, banded
     one = bench.measure(128, 256, 2, 64, "distance")["backward"]["launches"]
-    assert "add" not in one and "add_" not in one and one["_to_copy"] == 4, one
+    assert "add" not in one and "add_" not in one and one["_to_copy"] == 2 and one["copy_"] == 2, one
 
 
 def _bands_added_by_row(grad: torch.Tensor, product: torch.Tensor, n: int, scale: float) -> torch.Tensor:
