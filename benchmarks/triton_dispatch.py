@@ -1,13 +1,15 @@
 """Host time of one `triton` backend call around its kernels, on the CPU: what a short input pays per layer.
 
-On a GPU a call's kernels run asynchronously; the host's work per call (Python, PyTorch's dispatch, the
-kernels' launches) sets the time where the GPU's work is shorter. On an H200 (2026-11-26) our kernels without
-position terms took 0.126 ms of GPU time per forward at N = 512 and 0.551 ms per call, 0.571 against 1.822 ms
+On a GPU a call's kernels run asynchronously; the host's work per call (Python, PyTorch's dispatch, the kernels'
+launches) sets the time where the GPU's work is shorter. On an H200 (2026-11-26) our kernels without position
+terms took 0.126 ms of GPU time per forward at N = 512 and 0.551 ms per call, 0.571 against 1.822 ms
 forward+backward (`benchmarks/results/attention_gpu_h200*.json`). This script times the host side alone: the
-backend's forward (without and with grad; without, also with a new `Geometry` per call, as a model's first
-layer builds its inputs) and forward+backward at a tiny shape on the CPU, with the kernel launches replaced by
-no-ops (as `triton_host_cost.py` does), so what remains is the Python and the PyTorch
-operations around them, and the custom op's own dispatch. It also times, per custom op, the step of
+backend's forward (without and with grad; without, also with a new `Geometry` per call, as a model's first layer
+builds its inputs) and forward+backward at a tiny shape on the CPU, with the kernel launches replaced by no-ops
+(as `triton_host_cost.py` does), so what remains is the Python and the PyTorch operations around them, and the
+custom op's own dispatch. The roads' rows pass whole contiguous position tables, as a direct caller may; the row
+"distance, the model's tables" passes them as the model does (the rows of the input's window, projections viewed
+per head), the backward through the view into the projection. It also times, per custom op, the step of
 `torch.library.custom_op`'s autograd wrapper that rebuilds the schema's arguments (``fill_defaults``: each
 ``schema.arguments`` access builds every argument anew, once per argument, a cost quadratic in their number),
 which a call with grad pays once in its forward.
@@ -44,6 +46,9 @@ from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "triton_dispatch.json"
 ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "distance": ("distance", True)}
+# the distance road with the position tables as the model passes them (`RelativeIndex.window`'s rows, (R, H, d)
+# projections viewed per head by `split_heads`); the other rows pass whole contiguous tables, as a direct caller
+MODEL_TABLES = "distance, the model's tables"
 
 
 def median_us(fn, reps: int) -> float:
@@ -71,20 +76,30 @@ def fill_defaults_us(reps: int) -> list[dict]:
 
 
 def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict:
-    """The backend's host time per call on ``road`` (``ROADS``), kernels not launched: forward without grad, with
-    grad, and forward+backward; the geometry shared across calls, as the model's layers share it."""
+    """The backend's host time per call on ``road`` (``ROADS`` or `MODEL_TABLES`), kernels not launched: forward
+    without grad, with grad, and forward+backward; the geometry shared across calls, as the model's layers share
+    it."""
     from debertakit.attention.relative import RelativeIndex
+    from debertakit.model.layers import split_heads
 
-    near_band, terms_on = ROADS[road]
+    model_tables = road == MODEL_TABLES
+    near_band, terms_on = ROADS["distance" if model_tables else road]
     rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base's positions
+    lo, hi = rel.window(n) if model_tables else (0, rel.table_rows)
+    rel = rel.shifted(lo)
     terms = PositionTerms(c2p=terms_on, p2c=terms_on)
 
     def leaf(*shape, grad):
         return torch.randn(*shape, dtype=torch.bfloat16).requires_grad_(grad)
 
+    def table(grad):
+        if model_tables:  # the window's projections, (R, H·d), viewed per head
+            return split_heads(leaf(hi - lo, heads * dim, grad=grad), heads)
+        return leaf(heads, hi - lo, dim, grad=grad)
+
     def inputs(grad):
         q, k, v = (leaf(batch, n, heads, dim, grad=grad).transpose(1, 2) for _ in range(3))
-        tables = [leaf(heads, rel.table_rows, dim, grad=grad) for _ in range(2)] if terms_on else [None, None]
+        tables = [table(grad) for _ in range(2)] if terms_on else [None, None]
         return q, k, v, *tables
 
     geom = Geometry()
@@ -180,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # host overhead, not the CPU's arithmetic on the tiny tensors
     try:
         ops = fill_defaults_us(args.reps)
-        calls = [call_us(road, args.reps) for road in ROADS]
+        calls = [call_us(road, args.reps) for road in (*ROADS, MODEL_TABLES)]
     finally:
         torch.set_num_threads(threads)
     print(table(ops, calls))

@@ -325,7 +325,12 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     records = {r["step"]: r for r in summary["steps"]}
     assert [records[s]["status"] for s in steps] == ["ok", "ok", "ok", "ok", "no smoke form", "ok"]
     dispatch = json.loads((work / "triton_dispatch.json").read_text())
-    assert [r["road"] for r in dispatch["calls"]] == ["no position terms", "tables", "distance"]
+    assert [r["road"] for r in dispatch["calls"]] == [
+        "no position terms",
+        "tables",
+        "distance",
+        "distance, the model's tables",
+    ]
     # every launch of a forward and a forward+backward on the distance road, through Triton's own launch path
     # (a JIT function's, though this process runs the interpreter): the forward's two kernels, the backward's
     # five, each fold kernel once for both sides
