@@ -608,7 +608,7 @@ def test_custom_op_registration_passes_opcheck(monkeypatch, dropout_p, near_band
     ``model_layout`` the position tables come as the model's are, (R, H, d) viewed per head: the op takes them
     so, and the fake and the real backward give their gradients the same strides."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
-    c = GRID["heads2_d32_batch2"] if model_layout else GRID["packed_causal"]
+    c = Case(n=20, heads=2) if model_layout else GRID["packed_causal"]  # (two heads: a view per head)
     captured = []
     real = triton_backend._attention
 
@@ -1744,7 +1744,7 @@ def test_position_tables_in_the_models_layout_are_read_in_place(monkeypatch, roa
             return func(*args, **(kwargs or {}))
 
     _near_band(monkeypatch, road)
-    c = GRID["heads2_d32_batch2"]
+    c = Case(n=20, heads=2, batch=2)  # two heads: a view per head; two batch rows
     q, k, v, pos_q, pos_k = _inputs(c, torch.bfloat16, DEVICE)
 
     def model_layout(t):  # the same values, laid out as `split_heads(proj(rel_table))` gives them
