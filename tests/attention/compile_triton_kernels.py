@@ -19,7 +19,8 @@ Run in a process where TRITON_INTERPRET is not set (the kernels must be JIT func
                                                               # product for sm_75:
                                                               # `triton_backend.TRITON_TENSOR_CORES`)
     python tests/attention/compile_triton_kernels.py --part forward  # the forward kernel alone (--part
-                                                              # backward: dQ and dK/dV; --part tables:
+                                                              # backward: dQ and dK/dV, --part dq /
+                                                              # dkv: one of them; --part tables:
                                                               # the product and folds)
     python tests/attention/compile_triton_kernels.py --all    # the above at every variant and head dim
                                                               # (16, 32, 64, 128), and dtypes × head dims ×
@@ -87,10 +88,11 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 # (2026-11-27); these 80, alone on a quiet machine with an empty Triton cache, 157 s (--part forward 38 s,
 # backward 78 s, tables 40 s).
 RELEASED_HEAD_DIM = 64
-# ``--part``: the attention kernels' forward (with the sm_75 / sm_80 premise) or backward (`triton_kernels`), or
-# the distance tables' product and the backward's fold kernels (`triton_products`); the default test run builds
-# the three in three tests, which two workers can share
-PARTS = {"forward": FORWARD, "backward": BACKWARD, "tables": ()}
+# ``--part``: the attention kernels' forward (with the sm_75 / sm_80 premise) or backward (`triton_kernels`;
+# "dq" and "dkv" its two kernels), or the distance tables' product and the backward's fold kernels
+# (`triton_products`); the default test run builds forward, dq, dkv and tables in four tests, which two workers
+# share (backward alone, the longest, had taken 77-91 s of the default run)
+PARTS = {"forward": FORWARD, "backward": BACKWARD, "dq": BACKWARD[:1], "dkv": BACKWARD[1:], "tables": ()}
 
 
 def _default_road(flags: dict) -> bool:

@@ -2373,11 +2373,11 @@ def test_static_report_costs_a_tile_per_thread_and_per_score():
     )
 
 
-@pytest.mark.parametrize("part", ["forward", "backward", "tables"])
+@pytest.mark.parametrize("part", ["forward", "dq", "dkv", "tables"])
 def test_kernels_compile_for_sm90(part):
-    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In three
-    parts (the attention kernels' forward, their backward, the product and fold kernels) that two workers can
-    share."""
+    """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In four
+    parts (the attention kernels' forward, their backward's two kernels, the product and fold kernels) that two
+    workers share."""
     _compile_for_gpu("--part", part)
 
 
