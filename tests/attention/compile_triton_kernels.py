@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--part",
         choices=list(PARTS),
-        help="only the attention kernels' forward or backward, or only the distance tables' product and the "
-        "fold kernels (default: all)",
+        help="only the attention kernels' forward or backward (dq, dkv: one of its two kernels), or only the "
+        "distance tables' product and the fold kernels (default: all)",
     )
     args = parser.parse_args(argv)
     kernels = KERNEL_NAMES if args.part is None else PARTS[args.part]
