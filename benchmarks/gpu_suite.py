@@ -41,8 +41,8 @@ or the budget runs out, or the suite itself is interrupted, the group is stopped
 then SIGKILL to whatever of it is left (ncu's children too). A step is not started with less than its
 ``min_s`` left. The caps and minimums are estimates; each step's seconds are recorded, to correct them by (on
 an H200, 2026-11-26: environment 17 s, targets 92, profile 25, latency 61, gpu-tests 217, tiles-product 29,
-model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; README, "third lease"; on an
-H200, 2026-11-27: environment 19 s, targets 110 with 12 rows, profile 29, gpu-tests 279 (121 tests),
+model 55 with ``--models`` ours/triton and Hugging Face, tiles-distance 73; docs/gpu-kernel.md, "third
+lease"; on an H200, 2026-11-27: environment 19 s, targets 110 with 12 rows, profile 29, gpu-tests 279 (121 tests),
 tiles-product-columns 32; "fourth lease"; on an H200, 2026-11-27 again: environment 6–16 s, targets 137 with 13
 rows timed per call and queued, profile 31, gpu-tests 289 (123 tests, so its cap went from 300 s to 360);
 "fifth lease"; and a third time: environment 16–18 s, tiles-product-columns 40 with 6 shapes timed by kernel,
@@ -279,7 +279,8 @@ _ncu_product = _attention_ncu(
 # Processes for the GPU tests where pytest-xdist imports (the GPU image has it): a test's time is mostly Triton
 # compiling its kernels on one core (26 of the 108 tests in 225 s on an H200, 34 in 300 s on an H100, one process),
 # and the machines have 16 cores. Four, not more: under `-n 8` six tests once ran out of GPU memory beside each
-# other (README, "GPU kernel (Triton)"); the tests' conftest now empties each process's CUDA cache after a test.
+# other (docs/gpu-kernel.md, "Measured on an H100"); the tests' conftest now empties each process's CUDA cache
+# after a test.
 TEST_WORKERS = 4
 
 

@@ -601,8 +601,8 @@ PRODUCT_PROGRAMS = "columns"
 # s3 0.369 ms against 0.439 for 64x64 w4 s3 and 0.381 for 64x128 w4 s3; at 512 (64-row bands, 577 cells)
 # 64x128 w4 s3 0.199 against 0.226 and 0.221 for 64x256 w8 s3, whose blocks pad a row's 584 columns to 768.
 # Both compile for sm_90 without spills at every head dim (tests/attention/compile_triton_kernels.py). At 64x256
-# the issue rate no longer bounds it: a variant with a tenth fewer loop instructions took as long (README,
-# "Measured on an H200 (2026-11-27, sixth lease)").
+# the issue rate no longer bounds it: a variant with a tenth fewer loop instructions took as long
+# (docs/gpu-kernel.md, "Measured on an H200 (2026-11-27, sixth lease)").
 PRODUCT_COLUMN_TILES = Tiles(64, 256, 8, 3)  # tables of PRODUCT_WIDE_CELLS cells a row or more
 PRODUCT_NARROW_COLUMN_TILES = Tiles(64, 128, 4, 3)  # narrower ones
 PRODUCT_WIDE_CELLS = 1024
@@ -788,7 +788,7 @@ def _far_columns(
     Nk, 2), the two cells a distance table's row holds them in: `_distance_ends`), -inf where the key is masked
     and in the padding, so that a far tile hides those keys without a mask of its own. Two contiguous rows per
     (h, b): one unmasked vector load per far tile instead of COL's strided entries and the key mask (see
-    README, How it works)."""
+    docs/gpu-kernel.md, "What it declines, and how it works")."""
     heads, batch, nk = shape
     width = triton_cdiv(nk, FAR_PAD) * FAR_PAD
     far = torch.empty((heads, batch, 2, width), dtype=torch.float32, device=device)
@@ -1204,8 +1204,9 @@ POISON_DISTANCE_BUFFERS = False
 # 16-byte vectors and ask for operands, row strides and dimensions aligned to them (its documentation's tensor
 # core restrictions); at v3's 2·512 + 1 = 1025 cells, an odd row stride, the folds' four products ran on a
 # one-element-aligned kernel (`cutlass_75_..._align1`), 1.9 ms of the backward at every N on an H100
-# (`benchmarks/attention_gpu.py --sections profile`; README, "Measured on an H100"). Sixteen cells also let
-# Triton specialise the kernels' row stride ``DW`` as divisible by 16, as it does the activations' strides.
+# (`benchmarks/attention_gpu.py --sections profile`; docs/gpu-kernel.md, "Measured on an H100"). Sixteen cells
+# also let Triton specialise the kernels' row stride ``DW`` as divisible by 16, as it does the activations'
+# strides.
 DIST_ALIGN = 16
 
 
@@ -1244,7 +1245,7 @@ GRADIENT_BANDS = True
 # 2026-11-27; the benchmark's row "triton (gradient stores by cell)"). Compiled for sm_90 at the GPU tiles
 # (bf16, d 64: `benchmarks/triton_store_cost.py`) "aligned" takes dQ's near loop from 587 instructions a
 # thread to 447 and 149 registers to 128, dK/dV's from 673 to 537 and 246 registers to 187 without far tiles
-# (Triton 3.6; with them: README, "One band's gradients stored 16 bytes at a time").
+# (Triton 3.6; with them: docs/gpu-kernel.md, "One band's gradients stored 16 bytes at a time").
 GRADIENT_STORES_MODES = ("aligned", "cells")
 GRADIENT_STORES = "aligned"
 RESIDUES = 8  # rows per residue class of an "aligned" buffer: its row stride is 8 cells modulo 16
@@ -1550,9 +1551,9 @@ def _residue_rows(dist: Tensor, width: int, s: int) -> Tensor:
     cell c - s (`RESIDUES` = 8). Row s + 8·k starts at (s + 8·k)·DW - s = s·(DW - 1) + 8·k·DW, so the view
     starts 16-element aligned and its rows lie 8·DW apart, a multiple of 8 elements (16 bytes in bfloat16):
     aligned as cuBLAS's vectorised kernels want, where on the buffer itself at its odd stride it ran a
-    one-element-aligned one (four folds 2.042 ms against 0.656 at an aligned stride on an H200: README,
-    "Measured on an H200"). The cells the view reads outside a row's ``width`` (the rows beside it) meet zeros
-    in the folds. None lies past the buffer: class 7's last view row, the buffer's last row, ends at that row's
+    one-element-aligned one (four folds 2.042 ms against 0.656 at an aligned stride on an H200:
+    docs/gpu-kernel.md, "Measured on an H200"). The cells the view reads outside a row's ``width`` (the rows
+    beside it) meet zeros in the folds. None lies past the buffer: class 7's last view row, the buffer's last row, ends at that row's
     ``width`` - 1, and the other classes' end before it."""
     groups, rows, dw = dist.shape
     shape = (groups, rows // RESIDUES, width + RESIDUES - 1)

@@ -522,7 +522,7 @@ def _table_grad(
     down along the keys, which Triton's pointer analysis does not follow: the warp went down the tile's rows,
     a cell of another row per thread (Nsight Compute on an H100 at N = 512: 112 M store sectors against
     14.6 M ideal; dQ took 2.03 ms of the training step's 4.65 ms of GPU time, waiting on its stores; 1.07 ms
-    with the cells ascending, on an H200: README, "Measured on an H100 and an H200").
+    with the cells ascending, on an H200: docs/gpu-kernel.md, "Measured on an H100 and an H200").
 
     ``OFF``: the cell of distance 0 in row 0's frame (SAT + j - i above is OFF + j - i), and ``SAT`` the
     saturation that sends a pair to the end cells; `_grad_rows` gives both (banded buffers: no end cells).

@@ -2,7 +2,7 @@
 
 At batch 1 an encoder's forward is set by the host, not the GPU: a v3-base forward of 128 tokens launches about
 500 GPU kernels, 1.25 ms of GPU time on an H200, while the host's work of launching them (the Python of 12
-layers) took 12 to 24 ms per forward (README, "Measured on an H100 and an H200";
+layers) took 12 to 24 ms per forward (docs/gpu-kernel.md, "Measured on an H100 and an H200";
 `benchmarks/attention_gpu.py --sections latency`). A CUDA graph records the launches of one forward and replays
 them with one call. `CudaGraphModel` wraps an evaluation-mode model: inputs are padded to the
 next bucket of lengths and batch sizes (padding masked as keys, so the real tokens' outputs are those of the

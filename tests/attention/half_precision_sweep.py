@@ -2,7 +2,7 @@
 `test_triton.py` (`_random_case`): per output / gradient and near-band road, the largest error relative to the
 tensor's largest value (at least 1e-3), and the case that gave it. A measurement, not a test: the kernels round
 probabilities and score gradients to 16 bits (as FlashAttention does), and where a gradient is a difference of
-nearly equal terms that rounding is large against the result (see README, GPU kernel: random cases).
+nearly equal terms that rounding is large against the result (see docs/gpu-kernel.md, "Testing": random cases).
 
     python tests/attention/half_precision_sweep.py                          # bfloat16, seeds 0 … 299
     python tests/attention/half_precision_sweep.py --dtype float16 --seeds 100
