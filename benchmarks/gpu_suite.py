@@ -311,8 +311,9 @@ def _dispatch(work: Path, seconds: float, smoke: bool) -> list[str]:
 
 def _launch_cost(work: Path, seconds: float, smoke: bool) -> list[str]:
     """`triton_launch_cost.py` on the GPU machine's CPU and its Triton: the host time of Triton's own launch path
-    per kernel a call launches (binding, specialisation, cache key), the driver's call left out. A few
-    seconds; the same in smoke form."""
+    per kernel a call launches (binding, specialisation, cache key) and of the backend's shorter one
+    (`triton_launch`), the driver's call left out, after checking that both reach the same compiled kernel with
+    the same arguments. A few seconds; the same in smoke form."""
     return _python(f"{BENCH}/triton_launch_cost.py", "--out", str(work / "triton_launch_cost.json"))
 
 

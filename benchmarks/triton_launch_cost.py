@@ -16,12 +16,20 @@ per launch, and not the driver's own call (a few µs on a GPU host) nor any comp
 arguments (`_noop`) is the floor. Medians of ``--reps`` launches after a warm-up, µs on this CPU, with the
 installed Triton.
 
+Each launch is timed twice: through ``kernel[grid]`` (Triton's path) and through `triton_launch.launcher`, the
+backend's shorter path (the compiled kernel kept per key of the arguments, then called directly). Before timing,
+the script checks that shorter path against Triton's own: every recorded launch, replayed both ways, must reach
+the same compiled kernel with the same arguments in the same order, and a pointer's specialisation must depend on
+its dtype and 16-byte alignment alone (what the shorter path's key holds of a tensor). A failed check exits with
+status 1 before anything is timed.
+
     python benchmarks/triton_launch_cost.py     # table + benchmarks/results/triton_launch_cost.json
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -43,7 +51,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from triton_dispatch import host_arguments, host_environment, median_us  # noqa: E402
 from triton_host_cost import _NoLaunch  # noqa: E402  (kernels that launch nothing)
 
-from debertakit.attention import triton_backend  # noqa: E402
+from debertakit.attention import triton_backend, triton_launch  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
 from debertakit.attention.geometry import Geometry  # noqa: E402
 from debertakit.attention.relative import RelativeIndex  # noqa: E402
@@ -72,23 +80,100 @@ class _Driver:
 
 
 class _Compiled:
-    """Stands for a compiled kernel: its launch does nothing."""
+    """Stands for a compiled kernel: its launch does nothing; with ``calls``, it records what each launch passed
+    (the grid, stream, function, metadata, hooks and every argument)."""
 
     function = packed_metadata = None
+
+    def __init__(self, key=None, calls: list | None = None):
+        self.key, self.calls = key, calls
 
     def launch_metadata(self, *args):
         return None
 
     def run(self, *args):
-        return None
+        if self.calls is not None:
+            self.calls.append((self, args))
 
 
-def _stand_in_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+def _stand_in_compile(self, key, signature, device, constexprs, options, attrs, warmup, calls=None):
     """`JITFunction._do_compile` without compiling: the stand-in kernel, cached under the launch's key as the
     real one would be, so that later launches of the same specialisation find it."""
-    kernel = _Compiled()
+    kernel = _Compiled(key, calls)
     self.device_caches[device][0][key] = kernel
     return kernel
+
+
+def _stand_ins(calls: list | None = None):
+    """The stand-in driver and compiler, as a context: `_Driver` active, `_stand_in_compile` for every JIT
+    function (recording into ``calls``), and every kernel's compiled stand-ins and shorter-path entries dropped
+    on the way in, so that nothing found comes from an earlier context."""
+    compile_ = functools.partialmethod(_stand_in_compile, calls=calls)
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(JITFunction, "_do_compile", compile_))
+    # the driver restored as it was afterwards: without a GPU there is no default driver to reset to
+    stack.enter_context(mock.patch.object(driver, "_active", _Driver()))
+    stack.enter_context(mock.patch.dict(triton_launch._LAUNCHERS, clear=True))
+    # the shorter path checked and timed whatever the release (a new one is checked before it is served)
+    stack.enter_context(mock.patch.object(triton_launch, "_checked_release", lambda: True))
+    for kernel in _jit_functions():
+        kernel.device_caches.clear()
+    return stack
+
+
+def _jit_functions() -> list[JITFunction]:
+    modules = (triton_backend._kernels(), triton_backend._products(), sys.modules[__name__])
+    return [k for m in modules for k in vars(m).values() if isinstance(k, JITFunction)]
+
+
+def _same(a, b) -> bool:
+    """Launch arguments alike: the same object, or equal values of the same type (not tensors: ``is``)."""
+    return a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b)
+
+
+def check_cached_path() -> dict:
+    """`triton_launch`'s shorter path against Triton's own (see the module docstring): ``{"launches": n,
+    "pointer_variants": m}`` when every check holds; raises AssertionError naming the first that does not."""
+    calls: list = []
+    with _stand_ins(calls):
+        launches = [launch for phase in record_launches().values() for launch in phase]
+        for kernel, grid, args, kwargs in launches:
+            del calls[:]
+            kernel[grid](*args, **kwargs)  # Triton's path
+            for _ in range(2):  # the first through Triton's path, the second direct
+                triton_launch.launcher(kernel)[grid](*args, **kwargs)
+            (k0, a0), (k1, a1), (k2, a2) = calls
+            name = kernel.__name__
+            assert k0 is k1 is k2, f"{name}: the shorter path reached another compiled kernel"
+            for path, got in (("first", a1), ("kept", a2)):
+                assert len(got) == len(a0) and all(map(_same, got, a0)), (
+                    f"{name}: the shorter path's {path} launch passed other arguments than Triton's path"
+                )
+            assert triton_launch.launcher(kernel).entries, f"{name}: the shorter path kept nothing"
+        variants = _pointer_variants()
+        keys = [triton_launch._key((x, 16), {}) for x in variants]  # the shorter path's key
+        found = [_noop[(1,)](x, 16).key for x in variants]  # the compiled stand-in: Triton's key
+        for i in range(len(variants)):
+            for j in range(len(variants)):
+                assert (keys[i] == keys[j]) == (found[i] == found[j]), (
+                    f"pointers {i} and {j} ({variants[i].dtype} at offset {variants[i].storage_offset()}, "
+                    f"{variants[j].dtype} at {variants[j].storage_offset()}): Triton's key and the shorter "
+                    "path's disagree on whether they launch the same compiled kernel"
+                )
+    # whether the backend takes the shorter path with this Triton (`triton_launch.CHECKED_RELEASES`)
+    return dict(
+        launches=len(launches), pointer_variants=len(variants), served=triton_launch._checked_release()
+    )
+
+
+def _pointer_variants() -> list[torch.Tensor]:
+    """Tensors that differ in dtype, 16-byte alignment (offsets of 2, 4, 8, 16, 32 bytes) and shape, strides
+    and contiguity at one alignment."""
+    half, single = torch.empty(1024, dtype=torch.bfloat16), torch.empty(1024, dtype=torch.float32)
+    return [
+        half, half[8:], half[256:], half.view(32, 32).t(), half.view(4, 256)[:, :8], half[1:], half[2:], half[4:],
+        half[3:], single, single[4:], single[1:], single[2:], torch.empty(8, dtype=torch.int32),
+    ]  # fmt: skip
 
 
 def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict[str, list]:
@@ -127,49 +212,65 @@ def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) 
     return phases
 
 
-def launch_us(kernel: JITFunction, grid, args: tuple, kwargs: dict, reps: int) -> float:
-    """Median host time of ``kernel[grid](*args, **kwargs)`` through Triton's launch path (stand-ins above)."""
-    return median_us(lambda: kernel[grid](*args, **kwargs), reps)
+def launch_us(kernel: JITFunction, grid, args: tuple, kwargs: dict, reps: int) -> tuple[float, float]:
+    """Median host times of ``kernel[grid](*args, **kwargs)`` through Triton's launch path and through
+    `triton_launch.launcher` (stand-ins above)."""
+    short = triton_launch.launcher(kernel)
+    return (
+        median_us(lambda: kernel[grid](*args, **kwargs), reps),
+        median_us(lambda: short[grid](*args, **kwargs), reps),
+    )
 
 
 def measure(reps: int) -> list[dict]:
     rows = []
-    with mock.patch.object(JITFunction, "_do_compile", _stand_in_compile):
-        previous = (
-            driver._active
-        )  # (restored as it was: without a GPU there is no default driver to reset to)
-        driver.set_active(_Driver())
-        try:
-            x = torch.empty(16)
-            floor = launch_us(_noop, (1,), (x, 16), {}, reps)
-            rows.append(dict(phase="floor", kernel="_noop", arguments=2, us=round(floor, 1)))
-            for phase, launches in record_launches().items():
-                for kernel, grid, args, kwargs in launches:
-                    row = dict(phase=phase, kernel=kernel.__name__, arguments=len(args) + len(kwargs))
-                    row["us"] = round(launch_us(kernel, grid, args, kwargs, reps), 1)
-                    rows.append(row)
-        finally:
-            driver._active = previous
+    with _stand_ins():
+        x = torch.empty(16)
+        floor, short = launch_us(_noop, (1,), (x, 16), {}, reps)
+        rows.append(
+            dict(phase="floor", kernel="_noop", arguments=2, us=round(floor, 1), cached_us=round(short, 1))
+        )
+        for phase, launches in record_launches().items():
+            for kernel, grid, args, kwargs in launches:
+                row = dict(phase=phase, kernel=kernel.__name__, arguments=len(args) + len(kwargs))
+                us, short = launch_us(kernel, grid, args, kwargs, reps)
+                rows.append(dict(row, us=round(us, 1), cached_us=round(short, 1)))
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| call | kernel | arguments (with constexprs) | µs per launch |", "|---|---|---:|---:|"]
-    lines += [f"| {r['phase']} | {r['kernel']} | {r['arguments']} | {r['us']} |" for r in rows]
-    per_phase = collections.defaultdict(float)
+    lines = [
+        "| call | kernel | arguments (with constexprs) | Triton's path, µs | shorter path, µs |",
+        "|---|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['phase']} | {r['kernel']} | {r['arguments']} | {r['us']} | {r['cached_us']} |" for r in rows
+    ]
+    per_phase = collections.defaultdict(lambda: [0.0, 0.0])
     for r in rows:
         if r["phase"] != "floor":
-            per_phase[r["phase"]] += r["us"]
-    lines += [f"| {phase} | all its launches | | {us:.1f} |" for phase, us in per_phase.items()]
+            per_phase[r["phase"]][0] += r["us"]
+            per_phase[r["phase"]][1] += r["cached_us"]
+    lines += [f"| {phase} | all its launches | | {a:.1f} | {b:.1f} |" for phase, (a, b) in per_phase.items()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = host_arguments(argv, __doc__.split("\n\n")[0], 2000, OUT)
+    try:
+        checked = check_cached_path()
+    except AssertionError as e:
+        print(f"the shorter launch path differs from Triton's: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"checked: {checked['launches']} launches alike through both paths; pointers specialised by dtype and "
+        f"16-byte alignment alone ({checked['pointer_variants']} variants); the backend takes the shorter path with "
+        f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}"
+    )
     rows = measure(args.reps)
     print(table(rows))
     environment = host_environment("triton_launch_cost.py", argv, triton=triton.__version__)
-    result = dict(environment=environment, launches=rows)
+    result = dict(environment=environment, checked=checked, launches=rows)
     atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")
     return 0

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -41,6 +40,7 @@ from debertakit.attention.geometry import Geometry
 from debertakit.attention.registry import Backend, Request, capability_str, register
 from debertakit.attention.relative import RelativeIndex, capturing_cuda_graph, kept
 from debertakit.attention.triton_aot import Tiles
+from debertakit.attention.triton_launch import launcher, minor_release
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -56,19 +56,11 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _minor(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string: '3.6.0' -> (3, 6), '3.6rc1' -> (3, 6)."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        raise ValueError(f"cannot read a version from {version!r}; expected MAJOR.MINOR...")
-    return int(match[1]), int(match[2])
-
-
 def check_interpreter(triton_version: str, numpy_version: str) -> None:
     """Triton's interpreter before 3.7 returns a reduction as a one-element array, and NumPy 2.4 and later refuse
     to turn that into a loop bound: every call would fail deep inside the interpreter (Triton 3.6.0 fails with
     NumPy 2.4.0 and runs with 2.3.5; Triton 3.7.1 runs with either). Compiled kernels are not affected."""
-    if _minor(triton_version) < (3, 7) and _minor(numpy_version) >= (2, 4):
+    if minor_release(triton_version) < (3, 7) and minor_release(numpy_version) >= (2, 4):
         raise RuntimeError(
             f"the triton backend under TRITON_INTERPRET=1 needs Triton >= 3.7 or NumPy < 2.4: Triton "
             f"{triton_version}'s interpreter cannot run its loops with NumPy {numpy_version}"
@@ -712,7 +704,7 @@ def _kernel_band_product(
     if not row_loop:
         blocks *= triton_cdiv(width - 1 + vec, t.block_n)  # and column blocks
     grid = (blocks, count * H * bands)
-    _products()._distance_product_kernel[grid](
+    launcher(_products()._distance_product_kernel)[grid](
         heads,
         table,
         cells,
@@ -1151,7 +1143,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
         lse = torch.empty((B, H, NQ), dtype=torch.float32, device=dev)
         t = tiles_for(dev, D, "_fwd_kernel", drop_t > 0, skew)
         grid = (triton_cdiv(NQ, t.block_m) * B * H,)
-        _kernels()._fwd_kernel[grid](
+        launcher(_kernels()._fwd_kernel)[grid](
             q, k, v,
             _or_unused(row, dev, torch.float32), _or_unused(col, dev, torch.float32),
             _or_unused(far, dev, torch.float32), lut, PQ, PK,
@@ -1537,7 +1529,7 @@ def _kernel_fold_product(
     t = FOLD_TILES
     grid = (RESIDUES * triton_cdiv(m // RESIDUES, t.block_m), groups * len(dists))
     second = [dists[-1], rows[-1].contiguous(), grads[-1], outs[-1]]  # (the first side's, unpaired: unused)
-    _products()._fold_product_kernel[grid](
+    launcher(_products()._fold_product_kernel)[grid](
         dist, rows[0].contiguous(), grad, outs[0], alpha, dw - 1, m * dw, *grad.stride()[:3], n, band,
         groups // H, m, rows[0].shape[1], *second, D=d, PREC=_precision(dist), PAIR=len(dists) == 2,
         **_launch(t),
@@ -1641,11 +1633,11 @@ def _kernel_fold_sums(dists: list[Tensor], contents: list[Tensor], width: int, b
         assert t.block_n > 2 * RESIDUES, t
         sums = dist.new_empty((len(dists) * groups, width, d), dtype=torch.float32)
         grid = (triton_cdiv(width, t.block_n - RESIDUES), len(dists) * groups)
-        _products()._fold_cell_sums_kernel[grid](dist, content, sums, *args, **flags)
+        launcher(_products()._fold_cell_sums_kernel)[grid](dist, content, sums, *args, **flags)
         return sums.view(len(dists), groups, width, d)
     per_class = dist.new_empty((len(dists) * groups, width + RESIDUES - 1, RESIDUES, d), dtype=torch.float32)
     grid = (RESIDUES * triton_cdiv(width + RESIDUES - 1, t.block_n), len(dists) * groups)
-    _products()._fold_sums_kernel[grid](dist, content, per_class, *args, **flags)
+    launcher(_products()._fold_sums_kernel)[grid](dist, content, per_class, *args, **flags)
     return _class_sums(per_class, width).view(len(dists), groups, width, d)
 
 
@@ -1768,14 +1760,14 @@ def _bwd(
             _or_unused(k_mask, dev),
         )
         kern = _kernels()
-        kern._dq_kernel[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
+        launcher(kern._dq_kernel)[(triton_cdiv(NQ, t_dq.block_m) * B * H,)](
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew,
             DIST=dist, GRAD_BANDS=grad_bands,
             WT=t_dq.skew_width,
         )  # fmt: skip
-        kern._dkv_kernel[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
+        launcher(kern._dkv_kernel)[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,
             dk, dv, _or_unused(dk_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dkv), SKEW=skew,

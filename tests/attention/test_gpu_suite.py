@@ -347,7 +347,10 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
         "_fold_product_kernel",
         "_fold_sums_kernel",
     ]
-    assert all(r["us"] > 0 for r in launches) and launches[0]["kernel"] == "_noop"
+    assert all(r["us"] > 0 and r["cached_us"] > 0 for r in launches) and launches[0]["kernel"] == "_noop"
+    # the backend's shorter launch path, checked against Triton's on every one of those launches first
+    checked = json.loads((work / "triton_launch_cost.json").read_text())["checked"]
+    assert checked["launches"] == len(by_phase["forward"]) + len(by_phase["forward+backward"])
     targets = json.loads((work / "attention_gpu_targets.json").read_text())
     assert targets["complete"] and targets["smoke"]
     measured = {r["impl"] for r in targets["rows"] if "fwd_bwd_ms" in r}
