@@ -126,6 +126,15 @@ def _jit_functions() -> list[JITFunction]:
     return [k for m in modules for k in vars(m).values() if isinstance(k, JITFunction)]
 
 
+class LaunchPathMismatch(Exception):
+    """The shorter launch path and Triton's disagree (`check_cached_path`)."""
+
+
+def _expect(holds: bool, message: str) -> None:
+    if not holds:  # (not an assert: ``python -O`` would drop it)
+        raise LaunchPathMismatch(message)
+
+
 def _same(a, b) -> bool:
     """Launch arguments alike: the same object, or equal values of the same type (not tensors: ``is``)."""
     return a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b)
@@ -133,7 +142,8 @@ def _same(a, b) -> bool:
 
 def check_cached_path() -> dict:
     """`triton_launch`'s shorter path against Triton's own (see the module docstring): ``{"launches": n,
-    "pointer_variants": m}`` when every check holds; raises AssertionError naming the first that does not."""
+    "pointer_variants": m, "served": whether the backend takes the shorter path with the installed Triton}`` when
+    every check holds; raises `LaunchPathMismatch` naming the first that does not."""
     calls: list = []
     with _stand_ins(calls):
         launches = [launch for phase in record_launches().values() for launch in phase]
@@ -144,21 +154,23 @@ def check_cached_path() -> dict:
                 triton_launch.launcher(kernel)[grid](*args, **kwargs)
             (k0, a0), (k1, a1), (k2, a2) = calls
             name = kernel.__name__
-            assert k0 is k1 is k2, f"{name}: the shorter path reached another compiled kernel"
+            _expect(k0 is k1 is k2, f"{name}: the shorter path reached another compiled kernel")
             for path, got in (("first", a1), ("kept", a2)):
-                assert len(got) == len(a0) and all(map(_same, got, a0)), (
-                    f"{name}: the shorter path's {path} launch passed other arguments than Triton's path"
+                _expect(
+                    len(got) == len(a0) and all(map(_same, got, a0)),
+                    f"{name}: the shorter path's {path} launch passed other arguments than Triton's path",
                 )
-            assert triton_launch.launcher(kernel).entries, f"{name}: the shorter path kept nothing"
+            _expect(bool(triton_launch.launcher(kernel).entries), f"{name}: the shorter path kept nothing")
         variants = _pointer_variants()
         keys = [triton_launch._key((x, 16), {}) for x in variants]  # the shorter path's key
         found = [_noop[(1,)](x, 16).key for x in variants]  # the compiled stand-in: Triton's key
         for i in range(len(variants)):
             for j in range(len(variants)):
-                assert (keys[i] == keys[j]) == (found[i] == found[j]), (
+                _expect(
+                    (keys[i] == keys[j]) == (found[i] == found[j]),
                     f"pointers {i} and {j} ({variants[i].dtype} at offset {variants[i].storage_offset()}, "
                     f"{variants[j].dtype} at {variants[j].storage_offset()}): Triton's key and the shorter "
-                    "path's disagree on whether they launch the same compiled kernel"
+                    "path's disagree on whether they launch the same compiled kernel",
                 )
     # whether the backend takes the shorter path with this Triton (`triton_launch.CHECKED_RELEASES`)
     return dict(
@@ -167,8 +179,8 @@ def check_cached_path() -> dict:
 
 
 def _pointer_variants() -> list[torch.Tensor]:
-    """Tensors that differ in dtype, 16-byte alignment (offsets of 2, 4, 8, 16, 32 bytes) and shape, strides
-    and contiguity at one alignment."""
+    """Tensors that differ in dtype, in 16-byte alignment (bfloat16 at offsets of 0, 2, 4, 6, 8, 16 and 512
+    bytes, float32 at 0, 4, 8 and 16) and, at one alignment, in shape, strides and contiguity."""
     half, single = torch.empty(1024, dtype=torch.bfloat16), torch.empty(1024, dtype=torch.float32)
     return [
         half, half[8:], half[256:], half.view(32, 32).t(), half.view(4, 256)[:, :8], half[1:], half[2:], half[4:],
@@ -259,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = host_arguments(argv, __doc__.split("\n\n")[0], 2000, OUT)
     try:
         checked = check_cached_path()
-    except AssertionError as e:
+    except LaunchPathMismatch as e:
         print(f"the shorter launch path differs from Triton's: {e}", file=sys.stderr)
         return 1
     print(

@@ -150,5 +150,5 @@ class _Cached:
             return
         if len(self.entries) >= MAX_ENTRIES:
             for old in list(self.entries)[: MAX_ENTRIES // 2]:
-                del self.entries[old]
+                self.entries.pop(old, None)  # (another thread may have dropped it)
         self.entries[device, key] = (kernel, tail)
