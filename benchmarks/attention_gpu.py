@@ -442,6 +442,7 @@ def _attention_rows(
             FOLD_MATMULS_ROW: dict(FOLD_PRODUCT="cublas", FOLD_SUMS="cublas"),
             FOLD_SUMS_MATMULS_ROW: dict(FOLD_SUMS="cublas"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
+            TRITON_LAUNCH_ROW: dict(launcher=lambda kernel: kernel),
         }
         for row, settings in changed.items():
             candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
@@ -559,6 +560,9 @@ FOLD_SUMS_MATMULS_ROW = "triton (fold sums by matmul)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
+# `triton` with its kernels launched through Triton's own launch path (`triton_launch.launcher` bypassed, as
+# before 2026-11-28), against the shorter one: what the shorter path saves a call on the host
+TRITON_LAUNCH_ROW = "triton (Triton's launch path)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -624,6 +628,7 @@ def attention_row_names() -> list[str]:
         FOLD_MATMULS_ROW,
         FOLD_SUMS_MATMULS_ROW,
         CUSTOM_OP_ROW,
+        TRITON_LAUNCH_ROW,
         SHARED_GEOMETRY_ROW,
         GRAPHED_ROW,
         PLAIN_ROW,

@@ -117,7 +117,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   the sums alone (`attention_gpu.FOLD_SUMS_MATMULS_ROW`);
 # - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), the same
 #   replayed as a CUDA graph (`attention_gpu.GRAPHED_ROW`: what the host's work costs a call),
-#   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call);
+#   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), with Triton's own
+#   launch path (`attention_gpu.TRITON_LAUNCH_ROW`: what the shorter one saves a call);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -132,6 +133,7 @@ ROADS = [
     "triton (fold matmuls)",
     "triton (fold sums by matmul)",
     "triton (through the custom op)",
+    "triton (Triton's launch path)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",
