@@ -73,13 +73,19 @@ def launcher(kernel):
             )
         return kernel
     cached = _LAUNCHERS.get(id(kernel))
-    if cached is None or cached.fn is not kernel:
-        from triton.runtime.jit import JITFunction
-
-        if not isinstance(kernel, JITFunction) or not _checked_release():  # interpreted, or a stand-in
-            return kernel
-        cached = _LAUNCHERS[id(kernel)] = _Cached(kernel)
+    if cached is not None and cached.fn is kernel:
+        return cached
+    if not isinstance(kernel, _jit_function()) or not _checked_release():  # interpreted, or a stand-in
+        return kernel
+    cached = _LAUNCHERS[id(kernel)] = _Cached(kernel)
     return cached
+
+
+@functools.cache
+def _jit_function() -> type:
+    from triton.runtime.jit import JITFunction  # (imported on first use, as the kernels are)
+
+    return JITFunction
 
 
 def _key(args: tuple, kwargs: dict) -> tuple | None:
