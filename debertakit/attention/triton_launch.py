@@ -40,7 +40,8 @@ LAUNCH_PATH = "cached"
 MAX_ENTRIES = 1024
 
 # (major, minor) releases of Triton, first and last, whose launch convention the check passed with (every one
-# between them checked too); 3.4's JIT function is another (no `_do_compile`: the check cannot run)
+# between them checked too); under 3.4 the check cannot run (its JIT function has no `_do_compile` for the
+# stand-in compiler to replace), so 3.4 is not served
 CHECKED_RELEASES = ((3, 5), (3, 9))
 
 _LAUNCHERS: dict[int, _Cached] = {}
