@@ -20,7 +20,7 @@ The forward and the backward are registered as `torch.library.custom_op`s, with 
 an autograd formula, so they run under ``torch.compile`` without graph breaks; eager calls run the same bodies
 under a plain `torch.autograd.Function` (`_attention`: the ops' dispatch costs host time in every layer). They
 run their own matmuls with autocast off, so autocast callers get the same float32 score arithmetic as without
-it.
+it. The kernels of a call are launched through `triton_launch.launcher`, a shorter path than Triton's own.
 """
 
 from __future__ import annotations
