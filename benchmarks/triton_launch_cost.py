@@ -17,7 +17,9 @@ arguments (`_noop`) is the floor. Medians of ``--reps`` launches after a warm-up
 installed Triton.
 
 Each launch is timed twice: through ``kernel[grid]`` (Triton's path) and through `triton_launch.launcher`, the
-backend's shorter path (the compiled kernel kept per key of the arguments, then called directly). Before timing,
+backend's shorter path (the compiled kernel kept per key of the arguments, then called directly). So is a whole
+call (rows "call: ..."): the backend's Python and PyTorch ops and its launches through the stand-ins, a forward
+without grad and a forward+backward, each with a new geometry, under either path. Before timing,
 the script checks that shorter path against Triton's own: every recorded launch, replayed both ways, must reach
 the same compiled kernel with the same arguments in the same order, and a pointer's specialisation must depend on
 its dtype and 16-byte alignment alone (what the shorter path's key holds of a tensor). A failed check exits with
@@ -34,6 +36,7 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -188,19 +191,41 @@ def _pointer_variants() -> list[torch.Tensor]:
     ]  # fmt: skip
 
 
-def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict[str, list]:
-    """The launches of one forward without grad and of one forward+backward on the distance road (the default),
-    as ``(kernel, grid, args, kwargs)``, at a tiny shape with DeBERTa-v3 base's positions and the GPU's tiles."""
+def _call(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> Callable[[bool], None]:
+    """A call of the backend on the distance road (the default) at a tiny shape with DeBERTa-v3 base's positions:
+    ``call(backward)`` runs its forward without grad, or its forward and backward; each with a new geometry, as
+    the GPU benchmark's rows do. Run it with the GPU's tiles (`_gpu_tiles`)."""
     rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
     terms = PositionTerms(c2p=True, p2c=True)
-    kernels, products = triton_backend._kernels(), triton_backend._products()
 
     def leaf(*shape):
         return torch.randn(*shape, dtype=torch.bfloat16).requires_grad_()
 
     q, k, v = (leaf(batch, n, heads, dim).transpose(1, 2) for _ in range(3))
     tables = [leaf(heads, rel.table_rows, dim) for _ in range(2)]
+
+    def call(backward: bool) -> None:
+        with torch.set_grad_enabled(backward):
+            out, _ = triton_backend.triton_attention(
+                q, k, v, *tables, rel, Geometry(), scale=0.1, terms=terms
+            )
+            if backward:
+                out.backward(torch.ones_like(out))
+
+    return call
+
+
+def _gpu_tiles():
+    """`triton_backend.tiles_for` giving the GPU's tiles on any device, as a patch (they size the tables)."""
     gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))
+    return mock.patch.object(triton_backend, "tiles_for", lambda _, *a, **kw: gpu_tiles(*a, **kw))
+
+
+def record_launches() -> dict[str, list]:
+    """The launches of one forward without grad and of one forward+backward (`_call`), as ``(kernel, grid, args,
+    kwargs)``, recorded instead of run."""
+    kernels, products = triton_backend._kernels(), triton_backend._products()
+    call = _call()
     phases: dict[str, list] = {}
     for phase in ("forward", "forward+backward"):
         launches: list = []
@@ -208,20 +233,34 @@ def record_launches(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) 
         def recorder(module, launches=launches):  # each launch recorded with its JIT function, none run
             return _NoLaunch(lambda name, *launch: launches.append((getattr(module, name), *launch)))
 
-        patches = dict(
-            _kernels=lambda: recorder(kernels),
-            _products=lambda: recorder(products),
-            tiles_for=lambda _, *a, **kw: gpu_tiles(*a, **kw),
-        )
-        with mock.patch.multiple(triton_backend, **patches):
-            with torch.set_grad_enabled(phase != "forward"):
-                out, _ = triton_backend.triton_attention(
-                    q, k, v, *tables, rel, Geometry(), scale=0.1, terms=terms
-                )
-                if phase != "forward":
-                    out.backward(torch.ones_like(out))
+        patches = dict(_kernels=lambda: recorder(kernels), _products=lambda: recorder(products))
+        with mock.patch.multiple(triton_backend, **patches), _gpu_tiles():
+            call(phase != "forward")
         phases[phase] = launches
     return phases
+
+
+def whole_calls_us(reps: int) -> list[dict]:
+    """Host time of a whole call (`_call`: the backend's Python and PyTorch ops, and every launch through the
+    stand-ins, the kernels not run), forward without grad and forward+backward, through Triton's launch path
+    (`triton_launch.LAUNCH_PATH` "triton") and the shorter one."""
+    call, rows = _call(), []
+    with _gpu_tiles():
+        for phase, backward in (("call: forward, no grad", False), ("call: forward+backward", True)):
+            us = {}
+            for path in triton_launch.LAUNCH_PATH_MODES:
+                with mock.patch.object(triton_launch, "LAUNCH_PATH", path):
+                    us[path] = round(median_us(functools.partial(call, backward), reps), 1)
+            rows.append(
+                dict(
+                    phase=phase,
+                    kernel="triton_attention",
+                    arguments="",
+                    us=us["triton"],
+                    cached_us=us["cached"],
+                )
+            )
+    return rows
 
 
 def launch_us(kernel: JITFunction, grid, args: tuple, kwargs: dict, reps: int) -> tuple[float, float]:
@@ -247,6 +286,7 @@ def measure(reps: int) -> list[dict]:
                 row = dict(phase=phase, kernel=kernel.__name__, arguments=len(args) + len(kwargs))
                 us, short = launch_us(kernel, grid, args, kwargs, reps)
                 rows.append(dict(row, us=round(us, 1), cached_us=round(short, 1)))
+        rows += whole_calls_us(max(1, reps // 10))
     return rows
 
 
@@ -260,7 +300,7 @@ def table(rows: list[dict]) -> str:
     ]
     per_phase = collections.defaultdict(lambda: [0.0, 0.0])
     for r in rows:
-        if r["phase"] != "floor":
+        if r["phase"] != "floor" and not r["phase"].startswith("call"):
             per_phase[r["phase"]][0] += r["us"]
             per_phase[r["phase"]][1] += r["cached_us"]
     lines += [f"| {phase} | all its launches | | {a:.1f} | {b:.1f} |" for phase, (a, b) in per_phase.items()]
@@ -279,7 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         f"16-byte alignment alone ({checked['pointer_variants']} variants); the backend takes the shorter path with "
         f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}"
     )
-    rows = measure(args.reps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # host overhead, not the CPU's arithmetic on the tiny tensors (as triton_dispatch.py)
+    try:
+        rows = measure(args.reps)
+    finally:
+        torch.set_num_threads(threads)
     print(table(rows))
     environment = host_environment("triton_launch_cost.py", argv, triton=triton.__version__)
     result = dict(environment=environment, checked=checked, launches=rows)

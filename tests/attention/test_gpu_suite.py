@@ -348,6 +348,11 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
         "_fold_sums_kernel",
     ]
     assert all(r["us"] > 0 and r["cached_us"] > 0 for r in launches) and launches[0]["kernel"] == "_noop"
+    # and a whole call, forward and forward+backward, through either path
+    assert [r["phase"] for r in launches if r["phase"].startswith("call")] == [
+        "call: forward, no grad",
+        "call: forward+backward",
+    ]
     # the backend's shorter launch path, checked against Triton's on every one of those launches first
     checked = json.loads((work / "triton_launch_cost.json").read_text())["checked"]
     assert checked["launches"] == len(by_phase["forward"]) + len(by_phase["forward+backward"])
