@@ -1828,11 +1828,15 @@ def _plus(total: Tensor | None, term: Tensor) -> Tensor:
 
 def _position_grad(grad: Tensor | None, table: Tensor | None, q: Tensor) -> Tensor:
     """A position table's gradient in its dtype and layout (``empty_like``'s strides, the fake's: the model's
-    tables, (R, H, d) projections viewed per head, take theirs back without a copy); an empty tensor when the
-    table is absent."""
+    tables, (R, H, d) projections viewed per head, take theirs back without a copy): the float32 sum itself
+    where it already is both, else a copy; an empty tensor when the table is absent."""
     if table is None:
         return q.new_empty(0)
-    return torch.zeros_like(table) if grad is None else torch.empty_like(table).copy_(grad)
+    if grad is None:
+        return torch.zeros_like(table)
+    if grad.dtype == table.dtype and grad.stride() == table.stride():
+        return grad
+    return torch.empty_like(table).copy_(grad)
 
 
 @_bwd_op.register_fake

@@ -99,13 +99,11 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
         kind = type(a)
         if kind is int or a is None:
             parts.append(a)
-        elif kind is Tensor:
-            parts.append((a.dtype, a.data_ptr() % 16 == 0))
         elif kind is bool:
             parts.append((bool, a))
         elif kind is float:
             parts.append(float)
-        elif isinstance(a, Tensor):  # a subclass (a parameter, say)
+        elif isinstance(a, Tensor):  # (a subclass too: a parameter, say)
             parts.append((a.dtype, a.data_ptr() % 16 == 0))
         else:
             return None
