@@ -457,6 +457,49 @@ def test_interpreter_rounds_float32_to_bfloat16_to_nearest_like_the_gpu():
     assert not torch.equal(want[4:], truncated)  # the two roundings differ on these values
 
 
+@triton.jit
+def _plus(x, step: tl.constexpr):
+    return x + 1 // step  # a zero step: a Python error inside the launch, under the interpreter
+
+
+@triton.jit
+def _add_in_a_loop(X, TIMES: tl.constexpr, STEP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    for _ in range(TIMES):
+        x = _plus(x, STEP)  # a helper's call, which Triton's interpreter patches the language for again
+    tl.store(X + offs, x)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's patching")
+def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
+    """`patch_the_language_once_per_launch_in_interpreter` (installed with the kernels): a launch patches
+    ``triton.language`` once, not again at each of its helper calls; its end restores Triton's own builtins,
+    after a failed launch too, and the next launch patches afresh and runs."""
+    from triton.runtime import interpreter
+
+    triton_backend._kernels()
+    patches = []
+    patch_builtin = interpreter._patch_builtin
+
+    def counted(pkg, *args):
+        patches.append(pkg)
+        return patch_builtin(pkg, *args)
+
+    monkeypatch.setattr(interpreter, "_patch_builtin", counted)
+    x = torch.zeros(16)
+    _add_in_a_loop[(2,)](x, TIMES=5, STEP=1, BLOCK=16)
+    assert torch.equal(x, torch.full((16,), 10.0))  # two programs, five helper calls each
+    assert [pkg is tl for pkg in patches].count(True) == 1  # without the patch: 1 + 10
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # restored
+    with pytest.raises(Exception, match="division"):
+        _add_in_a_loop[(1,)](x, TIMES=2, STEP=0, BLOCK=16)
+    assert tl.core.is_builtin(tl.load)
+    _add_in_a_loop[(1,)](x, TIMES=1, STEP=1, BLOCK=16)  # patched again: Triton's builtins run only compiled
+    assert torch.equal(x, torch.full((16,), 11.0))
+    assert [pkg is tl for pkg in patches].count(True) == 3
+
+
 def test_repeated_explicit_positions_are_refused():
     c = Case(n=8)
     geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
