@@ -1,8 +1,8 @@
 """The compiled CPU kernel behind `chunked`'s inference path (``csrc/disentangled_cpu.cpp``).
 
-Built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja; about 30 s, once per
-machine: the build is cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), compiled
-for the CPU it runs on. Where it cannot be built the reason is logged once and `chunked` keeps its pure PyTorch
+Built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja; about 17 s on a 2-core
+machine, once per machine: the build is cached under ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), compiled for the CPU it runs on. Where it cannot be built the reason is logged once and `chunked` keeps its pure PyTorch
 path; ``DEBERTAKIT_CPU_KERNEL=0`` turns the kernel off.
 """
 
@@ -74,7 +74,7 @@ def _build(verbose: bool):
         build_dir = Path(_get_build_directory(name, verbose=False))
         _clear_stale_lock(build_dir)
         if not any(build_dir.glob(f"{name}*.so")):
-            log.warning("building debertakit's CPU attention kernel (once per machine, about 30 s)")
+            log.warning("building debertakit's CPU attention kernel (once per machine, about 20 s)")
         return load_extension(
             name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=verbose
         )
