@@ -2,8 +2,8 @@
 
 Built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja; about 17 s on a 2-core
 machine, once per machine: the build is cached under ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), compiled for the CPU it runs on. Where it cannot be built the reason is logged once and `chunked` keeps its pure PyTorch
-path; ``DEBERTAKIT_CPU_KERNEL=0`` turns the kernel off.
+``~/.cache/torch_extensions``), compiled for the CPU it runs on. Where it cannot be built the reason is logged
+once and `chunked` keeps its pure PyTorch path; ``DEBERTAKIT_CPU_KERNEL=0`` turns the kernel off.
 """
 
 from __future__ import annotations

@@ -279,9 +279,9 @@ void far_columns(const Layout& L, const float* p, float* far_l, float* far_r) {
 // (N,) int32, the keys [key_start[i], key_end[i]) query i may see at all (its packed sequence; causal cuts the
 // end at i + 1). saturation: the distance from which the index is constant (|i - j| >= saturation uses the
 // rows at +-saturation). Returns (B, H, N, Dv) float32.
-at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor pos_k,
-                      at::Tensor pos_q, at::Tensor p2p, at::Tensor index, at::Tensor key_mask,
-                      at::Tensor key_start, at::Tensor key_end, int64_t saturation, double scale) {
+at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor pos_k, at::Tensor pos_q, at::Tensor p2p,
+                   at::Tensor index, at::Tensor key_mask, at::Tensor key_start, at::Tensor key_end,
+                   int64_t saturation, double scale) {
   check_qkv(q, k, v);
   check_float({&q, &k, &v, &pos_k, &pos_q, &p2p});
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
@@ -374,11 +374,10 @@ at::Tensor forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor pos_k,
 // p2c_rows: (B, H, N, R) or empty (both scaled); keep: (B, H, N, N) bool dropout mask or empty, kept values
 // scaled by drop_scale. Returns the output (B, H, N, Dv) and the probabilities (B, H, N, N) (before dropout,
 // zero for hidden pairs) that the backward pass needs.
-std::vector<at::Tensor> train_forward(at::Tensor q, at::Tensor k, at::Tensor v,
-                                         at::Tensor c2p_rows, at::Tensor p2c_rows, at::Tensor index,
-                                         at::Tensor key_mask, at::Tensor key_start, at::Tensor key_end,
-                                         int64_t saturation, double scale, at::Tensor keep,
-                                         double drop_scale) {
+std::vector<at::Tensor> train_forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor c2p_rows,
+                                      at::Tensor p2c_rows, at::Tensor index, at::Tensor key_mask,
+                                      at::Tensor key_start, at::Tensor key_end, int64_t saturation, double scale,
+                                      at::Tensor keep, double drop_scale) {
   check_qkv(q, k, v);
   check_float({&q, &k, &v, &c2p_rows, &p2c_rows});
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
@@ -447,11 +446,10 @@ std::vector<at::Tensor> train_forward(at::Tensor q, at::Tensor k, at::Tensor v,
 
 // Training, backward: from the output gradient (B, H, N, Dv) and the forward's probabilities and dropout mask,
 // the gradients of q, k, v and of the c2p and p2c rows ((B, H, N, R) each, empty where not wanted).
-std::vector<at::Tensor> train_backward(at::Tensor grad_out, at::Tensor q, at::Tensor k,
-                                          at::Tensor v, at::Tensor probs, at::Tensor keep,
-                                          double drop_scale, at::Tensor index, at::Tensor key_start,
-                                          at::Tensor key_end, int64_t saturation, double scale, int64_t R,
-                                          bool want_c2p, bool want_p2c) {
+std::vector<at::Tensor> train_backward(at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v,
+                                       at::Tensor probs, at::Tensor keep, double drop_scale, at::Tensor index,
+                                       at::Tensor key_start, at::Tensor key_end, int64_t saturation, double scale,
+                                       int64_t R, bool want_c2p, bool want_p2c) {
   check_qkv(q, k, v);
   check_float({&grad_out, &q, &k, &v, &probs});
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
