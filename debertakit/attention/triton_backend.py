@@ -105,8 +105,9 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
     never restores: while a launch runs, every builtin is patched already, so the helper's patching replaces
     only the tensor's few dunder methods with equivalents, and the launch's restore undoes all of it. Our
     kernels call helpers inside their loops, thousands of times a launch: a forward+backward of 16 tokens took
-    2.19 s in the interpreter, 1.23 s with this patch (cProfile had put 1.5 of its 6.5 profiled seconds in
-    ``_patch_builtin``).
+    2.0-2.6 s in the interpreter, 1.2-1.4 s with this patch (cProfile had put 1.5 of its 6.5 profiled seconds
+    in ``_patch_builtin``); a fresh clone's default test run, 731 s before, took 494 s with it and the CPU
+    kernel's lighter build (docs/test-times.md).
 
     The patched ``_patch_lang`` counts, per language module, the launches whose patches are in place, and
     skips a call whose modules are all in place; any other call (a launch, or a helper whose module sees a
