@@ -23,8 +23,8 @@ launcher are not in them. Medians of ``--reps`` calls after a warm-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
-import functools
 import json
 import platform
 import statistics
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
-from triton_host_cost import Recorder, _NoLaunch  # noqa: E402  (op recorder; kernels that launch nothing)
+from triton_host_cost import V3_BASE, Recorder, _NoLaunch, gpu_tiles_for  # noqa: E402
 
 from debertakit.attention import triton_backend  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
@@ -49,6 +49,18 @@ ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "di
 # the distance road with the position tables as the model passes them (`RelativeIndex.window`'s rows, (R, H, d)
 # projections viewed per head by `split_heads`); the other rows pass whole contiguous tables, as a direct caller
 MODEL_TABLES = "distance, the model's tables"
+
+
+@contextlib.contextmanager
+def one_thread():
+    """PyTorch on one CPU thread for the block: host overhead is timed, not the CPU's arithmetic on tiny tensors
+    (on two threads a timing spawned beside other work ran several times longer)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def median_us(fn, reps: int) -> float:
@@ -79,12 +91,11 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
     """The backend's host time per call on ``road`` (``ROADS`` or `MODEL_TABLES`), kernels not launched: forward
     without grad, with grad, and forward+backward; the geometry shared across calls, as the model's layers share
     it."""
-    from debertakit.attention.relative import RelativeIndex
     from debertakit.model.layers import split_heads
 
     model_tables = road == MODEL_TABLES
     near_band, terms_on = ROADS["distance" if model_tables else road]
-    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)  # DeBERTa-v3 base's positions
+    rel = V3_BASE
     lo, hi = rel.window(n) if model_tables else (0, rel.table_rows)
     rel = rel.shifted(lo)
     terms = PositionTerms(c2p=terms_on, p2c=terms_on)
@@ -103,13 +114,7 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
         return q, k, v, *tables
 
     geom = Geometry()
-    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))
-    patches = dict(
-        _kernels=_NoLaunch,
-        _products=_NoLaunch,
-        NEAR_BAND=near_band,
-        tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),  # the GPU's tiles size the distance tables
-    )
+    patches = dict(_kernels=_NoLaunch, _products=_NoLaunch, NEAR_BAND=near_band, tiles_for=gpu_tiles_for())
 
     def call(args, geometry=geom):
         out, _ = triton_backend.triton_attention(*args, rel, geometry, scale=0.1, terms=terms)
@@ -191,13 +196,9 @@ def host_environment(script: str, argv: list[str] | None, **more: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = host_arguments(argv, __doc__.split("\n\n")[0], 300, OUT)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # host overhead, not the CPU's arithmetic on the tiny tensors
-    try:
+    with one_thread():
         ops = fill_defaults_us(args.reps)
         calls = [call_us(road, args.reps) for road in (*ROADS, MODEL_TABLES)]
-    finally:
-        torch.set_num_threads(threads)
     print(table(ops, calls))
     result = dict(
         environment=host_environment("triton_dispatch.py", argv),

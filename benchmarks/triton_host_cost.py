@@ -70,6 +70,13 @@ GATHERS = {"index", "index_select", "gather"}  # (source, indices...): read as m
 COPIES = {"copy_"}  # (destination, source): the destination is written, not read
 
 
+def gpu_tiles_for():
+    """A stand-in for `triton_backend.tiles_for` that gives the GPU's tiles on any device (they size the distance
+    tables), not the interpreter's: patch it in for a count or a timing on the CPU."""
+    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))
+    return lambda _, *args, **kwargs: gpu_tiles(*args, **kwargs)
+
+
 def _matmul_flops(name: str, args) -> int:
     a, b = (args[1], args[2]) if name.startswith(("addmm", "baddbmm", "addbmm")) else (args[0], args[1])
     batch = math.prod(a.shape[:-2])
@@ -201,7 +208,6 @@ def measure(
         calls["backward"] = rec
         return out, lse
 
-    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))  # not the interpreter's
     # the distance tables as the matmul builds them: `triton_products`' kernel computes the same products (its
     # FLOPs are these; it writes the same tables, without the copies of q / k and of the table rows the matmul
     # reads), but a kernel of ours is not counted as work around the kernels
@@ -214,7 +220,7 @@ def measure(
         NEAR_BAND=near_band,
         DISTANCE_PRODUCT="triton" if product else "cublas",
         FOLD_SUMS_REDUCTION="cells" if cells else "classes",
-        tiles_for=lambda _, *a, **k: gpu_tiles(*a, **k),
+        tiles_for=gpu_tiles_for(),
     )
     with mock.patch.multiple(triton_backend, **patches):
         triton_backend.triton_attention(

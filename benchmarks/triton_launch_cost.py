@@ -51,13 +51,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
-from triton_dispatch import host_arguments, host_environment, median_us  # noqa: E402
-from triton_host_cost import _NoLaunch  # noqa: E402  (kernels that launch nothing)
+from triton_dispatch import host_arguments, host_environment, median_us, one_thread  # noqa: E402
+from triton_host_cost import V3_BASE, _NoLaunch, gpu_tiles_for  # noqa: E402  (kernels that launch nothing)
 
 from debertakit.attention import triton_backend, triton_launch  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
 from debertakit.attention.geometry import Geometry  # noqa: E402
-from debertakit.attention.relative import RelativeIndex  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "triton_launch_cost.json"
@@ -195,8 +194,7 @@ def _call(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> Callabl
     """A call of the backend on the distance road (the default) at a tiny shape with DeBERTa-v3 base's positions:
     ``call(backward)`` runs its forward without grad, or its forward and backward; each with a new geometry, as
     the GPU benchmark's rows do. Run it with the GPU's tiles (`_gpu_tiles`)."""
-    rel = RelativeIndex(span=256, bucket_size=256, max_position=512)
-    terms = PositionTerms(c2p=True, p2c=True)
+    rel, terms = V3_BASE, PositionTerms(c2p=True, p2c=True)
 
     def leaf(*shape):
         return torch.randn(*shape, dtype=torch.bfloat16).requires_grad_()
@@ -217,8 +215,7 @@ def _call(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> Callabl
 
 def _gpu_tiles():
     """`triton_backend.tiles_for` giving the GPU's tiles on any device, as a patch (they size the tables)."""
-    gpu_tiles = functools.partial(triton_backend.tiles_for, torch.device("cuda"))
-    return mock.patch.object(triton_backend, "tiles_for", lambda _, *a, **kw: gpu_tiles(*a, **kw))
+    return mock.patch.object(triton_backend, "tiles_for", gpu_tiles_for())
 
 
 def record_launches() -> dict[str, list]:
@@ -319,14 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         f"16-byte alignment alone ({checked['pointer_variants']} variants); the backend takes the shorter path with "
         f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}"
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # host overhead, not the CPU's arithmetic on the tiny tensors (as triton_dispatch.py)
-    try:
+    with one_thread():
         rows = measure(args.reps)
-    finally:
-        torch.set_num_threads(threads)
     print(table(rows))
     environment = host_environment("triton_launch_cost.py", argv, triton=triton.__version__)
     result = dict(environment=environment, checked=checked, launches=rows)

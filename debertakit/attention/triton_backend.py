@@ -121,9 +121,12 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
     if getattr(patch_lang, "once_per_launch", False) or not hasattr(interpreter, "_LangPatchScope"):
         return
     in_place: dict[int, int] = {}  # id of a language module -> launches whose patches of it are in place
+    seen: dict[object, tuple] = {}  # a function -> the language modules its globals hold (looked up once)
 
     def once_per_launch(fn):
-        modules = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        modules = seen.get(fn)
+        if modules is None:
+            modules = seen[fn] = tuple(v for v in fn.__globals__.values() if v is tl or v is tl.core)
         if modules and all(in_place.get(id(m), 0) for m in modules):
             return interpreter._LangPatchScope()  # nothing to do, nothing to restore
         scope = patch_lang(fn)
