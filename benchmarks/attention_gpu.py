@@ -442,7 +442,8 @@ def _attention_rows(
             FOLD_MATMULS_ROW: dict(FOLD_PRODUCT="cublas", FOLD_SUMS="cublas"),
             FOLD_SUMS_MATMULS_ROW: dict(FOLD_SUMS="cublas"),
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
-            TRITON_LAUNCH_ROW: dict(launcher=lambda kernel: kernel),
+            TRITON_LAUNCH_ROW: dict(LAUNCH_PATH="triton"),
+            NO_PLANS_ROW: dict(CALL_PLANS="off"),
         }
         for row, settings in changed.items():
             candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
@@ -560,9 +561,13 @@ FOLD_SUMS_MATMULS_ROW = "triton (fold sums by matmul)"
 # `triton` with its eager calls dispatched through the custom ops, as before 2026-11-26 and as compiled graphs
 # run them (`triton_backend._attention`): the same kernels, what the ops' dispatch costs a call on the host
 CUSTOM_OP_ROW = "triton (through the custom op)"
-# `triton` with its kernels launched through Triton's own launch path (`triton_launch.launcher` bypassed, as
+# `triton` with its kernels launched through Triton's own launch path (`triton_launch.LAUNCH_PATH` "triton", as
 # before 2026-11-28), against the shorter one: what the shorter path saves a call on the host
 TRITON_LAUNCH_ROW = "triton (Triton's launch path)"
+# `triton` with every call made, none replayed from its signature's plan (`triton_backend.CALL_PLANS` "off", the
+# default before 2026-11-28; `triton_plan`), against the default's replays: what the plans save a forward call
+# on the host. Plans serve forwards without grad alone, so the forward+backward is the same as `triton`'s
+NO_PLANS_ROW = "triton (no call plans)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -629,6 +634,7 @@ def attention_row_names() -> list[str]:
         FOLD_SUMS_MATMULS_ROW,
         CUSTOM_OP_ROW,
         TRITON_LAUNCH_ROW,
+        NO_PLANS_ROW,
         SHARED_GEOMETRY_ROW,
         GRAPHED_ROW,
         PLAIN_ROW,
@@ -680,10 +686,15 @@ def _max_diff(fwd: Callable, reference) -> float | str | None:
 
 def _with_backend_settings(run: Callable, **settings) -> Callable:
     """``run`` with module settings of `triton_backend` changed for the call and restored after it:
-    ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles)."""
-    from debertakit.attention import triton_backend
+    ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles); and of
+    `triton_launch`: ``LAUNCH_PATH="triton"``."""
+    from debertakit.attention import triton_backend, triton_launch
 
-    return mock.patch.multiple(triton_backend, **settings)(run)
+    launch = {name: value for name, value in settings.items() if name == "LAUNCH_PATH"}
+    backend = {name: value for name, value in settings.items() if name != "LAUNCH_PATH"}
+    if launch:
+        run = mock.patch.multiple(triton_launch, **launch)(run)
+    return mock.patch.multiple(triton_backend, **backend)(run) if backend else run
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout

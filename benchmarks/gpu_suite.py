@@ -118,7 +118,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 # - one geometry for all its calls (`attention_gpu.SHARED_GEOMETRY_ROW`: what building it costs a call), the same
 #   replayed as a CUDA graph (`attention_gpu.GRAPHED_ROW`: what the host's work costs a call),
 #   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), with Triton's own
-#   launch path (`attention_gpu.TRITON_LAUNCH_ROW`: what the shorter one saves a call);
+#   launch path (`attention_gpu.TRITON_LAUNCH_ROW`: what the shorter one saves a call), without call plans
+#   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -134,6 +135,7 @@ ROADS = [
     "triton (fold sums by matmul)",
     "triton (through the custom op)",
     "triton (Triton's launch path)",
+    "triton (no call plans)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",

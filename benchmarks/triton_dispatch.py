@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import torch  # noqa: E402
 from triton_host_cost import V3_BASE, Recorder, _NoLaunch, gpu_tiles_for  # noqa: E402
 
-from debertakit.attention import triton_backend  # noqa: E402
+from debertakit.attention import triton_backend, triton_plan  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
 from debertakit.attention.geometry import Geometry  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
@@ -49,6 +49,15 @@ ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "di
 # the distance road with the position tables as the model passes them (`RelativeIndex.window`'s rows, (R, H, d)
 # projections viewed per head by `split_heads`); the other rows pass whole contiguous tables, as a direct caller
 MODEL_TABLES = "distance, the model's tables"
+
+
+def planned() -> contextlib.ExitStack:
+    """Call plans on for the CPU's calls too (`triton_backend.CALL_PLANS` "always"), in a store of their own."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(triton_backend, "CALL_PLANS", "always"))
+    store = triton_plan.Plans(triton_backend._plan_settings)
+    stack.enter_context(mock.patch.object(triton_backend, "_PLANS", store))
+    return stack
 
 
 @contextlib.contextmanager
@@ -148,6 +157,8 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
         row["ops_new_geometry"] = sum(new_geometry.launches.values()) - 1
         row["ops_same_geometry"] = sum(same_geometry.launches.values()) - 1
         row["forward_no_grad_us"] = round(median_us(forward_no_grad, reps), 1)
+        with planned():  # the same forward replayed from its plan (`triton_plan`; only forwards without grad)
+            row["forward_planned_us"] = round(median_us(forward_no_grad, reps), 1)
         row["forward_new_geometry_us"] = round(median_us(forward_new_geometry, reps), 1)
         row["forward_with_grad_us"] = round(median_us(lambda: call(grads), reps), 1)
         row["forward_backward_us"] = round(median_us(forward_backward, reps), 1)
@@ -159,13 +170,14 @@ def table(ops: list[dict], calls: list[dict]) -> str:
     lines += [f"| {r['op']} | {r['arguments']} | {r['fill_defaults_us']} |" for r in ops]
     lines += [
         "",
-        "| road | ops, new geometry | ops, same geometry | forward, no grad, µs | same, new geometry, µs "
-        "| forward with grad, µs | forward+backward, µs |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| road | ops, new geometry | ops, same geometry | forward, no grad, µs | same, planned, µs "
+        "| same, new geometry, µs | forward with grad, µs | forward+backward, µs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {r['road']} | {r['ops_new_geometry']} | {r['ops_same_geometry']} | {r['forward_no_grad_us']} "
-        f"| {r['forward_new_geometry_us']} | {r['forward_with_grad_us']} | {r['forward_backward_us']} |"
+        f"| {r['forward_planned_us']} | {r['forward_new_geometry_us']} | {r['forward_with_grad_us']} "
+        f"| {r['forward_backward_us']} |"
         for r in calls
     ]
     return "\n".join(lines)

@@ -51,10 +51,10 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
-from triton_dispatch import host_arguments, host_environment, median_us, one_thread  # noqa: E402
+from triton_dispatch import host_arguments, host_environment, median_us, one_thread, planned  # noqa: E402
 from triton_host_cost import V3_BASE, _NoLaunch, gpu_tiles_for  # noqa: E402  (kernels that launch nothing)
 
-from debertakit.attention import triton_backend, triton_launch  # noqa: E402
+from debertakit.attention import triton_backend, triton_launch, triton_plan  # noqa: E402
 from debertakit.attention.eager import PositionTerms  # noqa: E402
 from debertakit.attention.geometry import Geometry  # noqa: E402
 from debertakit.convert.checkpoint import atomic_write_text  # noqa: E402
@@ -180,6 +180,51 @@ def check_cached_path() -> dict:
     )
 
 
+def _alike(a, b) -> bool:
+    """Arguments of a replayed launch and the call's own alike: non-tensors equal (`_same`); tensors of the same
+    shape, strides, dtype, storage offset and 16-byte alignment, and at the same address where the call's is an
+    input (a buffer is allocated anew by each call)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return _same(a, b)
+    return triton_plan.tensor_key(a) == triton_plan.tensor_key(b)
+
+
+def check_planned_calls() -> dict:
+    """A forward without grad replayed from its plan (`triton_plan`) against the same call made: the same
+    compiled kernels, launched through the shorter path with the plan's recorded keys, with alike arguments
+    (`_alike`), the inputs' at their addresses. ``{"planned_launches": n}``, or `LaunchPathMismatch`."""
+    calls: list = []
+    call = _call()
+    with _stand_ins(calls), _gpu_tiles(), planned():
+        made = []
+        for _ in range(4):  # made, recorded, replayed twice
+            del calls[:]
+            call(False)
+            made.append(list(calls))
+        store = triton_backend._PLANS
+        (entries,) = store.entries.values()
+        _expect(entries[0].plan is not None, f"the forward was not planned: {entries[0].refusal}")
+        _expect(store.hits == 2, f"{store.hits} of 2 calls replayed")
+        inputs = {t.data_ptr() for t in call.inputs}
+        for replayed in made[2:]:
+            _expect(len(replayed) == len(made[0]), "a replay launched another number of kernels")
+            for i, ((k0, a0), (k1, a1)) in enumerate(zip(made[0], replayed)):
+                name = f"launch {i} of the forward"
+                _expect(k0 is k1, f"{name}: a replay reached another compiled kernel")
+                _expect(
+                    len(a0) == len(a1) and all(map(_alike, a0, a1)),
+                    f"{name}: a replay passed other arguments",
+                )
+                pointers = [
+                    (x.data_ptr(), y.data_ptr()) for x, y in zip(a0, a1) if isinstance(x, torch.Tensor)
+                ]
+                _expect(
+                    all(x == y for x, y in pointers if x in inputs),
+                    f"{name}: a replay passed other inputs than its call's",
+                )
+    return dict(planned_launches=len(made[0]))
+
+
 def _pointer_variants() -> list[torch.Tensor]:
     """Tensors that differ in dtype, in 16-byte alignment (bfloat16 at offsets of 0, 2, 4, 6, 8, 16 and 512
     bytes, float32 at 0, 4, 8 and 16) and, at one alignment, in shape, strides and contiguity."""
@@ -210,6 +255,7 @@ def _call(n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> Callabl
             if backward:
                 out.backward(torch.ones_like(out))
 
+    call.inputs = (q, k, v, *tables)
     return call
 
 
@@ -240,23 +286,23 @@ def record_launches() -> dict[str, list]:
 def whole_calls_us(reps: int) -> list[dict]:
     """Host time of a whole call (`_call`: the backend's Python and PyTorch ops, and every launch through the
     stand-ins, the kernels not run), forward without grad and forward+backward, through Triton's launch path
-    (`triton_launch.LAUNCH_PATH` "triton") and the shorter one."""
+    (`triton_launch.LAUNCH_PATH` "triton") and the shorter one; the forward also replayed from its plan
+    (`triton_plan`, through the shorter path; a forward+backward is not planned)."""
     call, rows = _call(), []
     with _gpu_tiles():
         for phase, backward in (("call: forward, no grad", False), ("call: forward+backward", True)):
+            timed = functools.partial(median_us, functools.partial(call, backward), reps)
             us = {}
             for path in triton_launch.LAUNCH_PATH_MODES:
                 with mock.patch.object(triton_launch, "LAUNCH_PATH", path):
-                    us[path] = round(median_us(functools.partial(call, backward), reps), 1)
-            rows.append(
-                dict(
-                    phase=phase,
-                    kernel="triton_attention",
-                    arguments="",
-                    us=us["triton"],
-                    cached_us=us["cached"],
-                )
+                    us[path] = round(timed(), 1)
+            row = dict(
+                phase=phase, kernel="triton_attention", arguments="", us=us["triton"], cached_us=us["cached"]
             )
+            if not backward:
+                with planned():
+                    row["planned_us"] = round(timed(), 1)
+            rows.append(row)
     return rows
 
 
@@ -289,11 +335,13 @@ def measure(reps: int) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| call | kernel | arguments (with constexprs) | Triton's path, µs | shorter path, µs |",
-        "|---|---|---:|---:|---:|",
+        "| call | kernel | arguments (with constexprs) | Triton's path, µs | shorter path, µs | planned, µs |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['phase']} | {r['kernel']} | {r['arguments']} | {r['us']} | {r['cached_us']} |" for r in rows
+        f"| {r['phase']} | {r['kernel']} | {r['arguments']} | {r['us']} | {r['cached_us']} | "
+        f"{r.get('planned_us', '')} |"
+        for r in rows
     ]
     per_phase = collections.defaultdict(lambda: [0.0, 0.0])
     for r in rows:
@@ -308,13 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     args = host_arguments(argv, __doc__.split("\n\n")[0], 2000, OUT)
     try:
         checked = check_cached_path()
+        checked.update(check_planned_calls())
     except LaunchPathMismatch as e:
-        print(f"the shorter launch path differs from Triton's: {e}", file=sys.stderr)
+        print(
+            f"the shorter launch path or a planned call differs from Triton's path or the call: {e}",
+            file=sys.stderr,
+        )
         return 1
     print(
         f"checked: {checked['launches']} launches alike through both paths; pointers specialised by dtype and "
         f"16-byte alignment alone ({checked['pointer_variants']} variants); the backend takes the shorter path with "
-        f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}"
+        f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}; a planned "
+        f"forward's {checked['planned_launches']} launches alike its call's"
     )
     with one_thread():
         rows = measure(args.reps)

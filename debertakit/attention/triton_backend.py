@@ -20,7 +20,8 @@ The forward and the backward are registered as `torch.library.custom_op`s, with 
 an autograd formula, so they run under ``torch.compile`` without graph breaks; eager calls run the same bodies
 under a plain `torch.autograd.Function` (`_attention`: the ops' dispatch costs host time in every layer). They
 run their own matmuls with autocast off, so autocast callers get the same float32 score arithmetic as without
-it. The kernels of a call are launched through `triton_launch.launcher`, a shorter path than Triton's own.
+it. The kernels of a call are launched through `triton_launch.launcher`, a shorter path than Triton's own, and
+a forward without gradients is replayed from its call signature's plan where it has one (`triton_plan`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from debertakit.attention import triton_launch, triton_plan
 from debertakit.attention.dropout import drop_threshold, kept_scale
 from debertakit.attention.eager import PositionTerms
 from debertakit.attention.geometry import Geometry
@@ -2133,7 +2135,78 @@ def triton_attention(
     return_probs: bool = False,
 ) -> tuple[Tensor, None]:
     """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`
-    (with dropout, the mask is the kernels' own: see `dropout_keep_mask`)."""
+    (with dropout, the mask is the kernels' own: see `dropout_keep_mask`). A forward without gradients on a
+    geometry of shapes alone is replayed from its signature's plan where it has one (`triton_plan`)."""
+
+    def call() -> tuple[Tensor, None]:
+        return _triton_attention(
+            q, k, v, pos_q, pos_k, rel, geom, scale=scale, terms=terms, dropout_p=dropout_p,
+            return_probs=return_probs,
+        )  # fmt: skip
+
+    inputs = (q, k, v, pos_q, pos_k)
+    key = _plan_key(inputs, rel, geom, scale, terms, dropout_p, return_probs)
+    return call() if key is None else _PLANS.call(key, inputs, call)
+
+
+def _plan_key(
+    inputs: tuple[Tensor | None, ...],
+    rel: RelativeIndex | None,
+    geom: Geometry,
+    scale: float,
+    terms: PositionTerms,
+    dropout_p: float,
+    return_probs: bool,
+) -> tuple | None:
+    """A call's signature for `triton_plan` (see there), or None where it is not planned: dropout (a seed drawn
+    per call), attention probabilities, a geometry whose inputs are not the shapes' alone (masks, segments,
+    positions: tensors per call), a gradient wanted, an input of a tensor subclass, or `triton_plan.serves` says
+    no. The relative mapping by value (what the cached lookup tables are built from)."""
+    q = inputs[0]
+    _check_mode("CALL_PLANS", CALL_PLANS, triton_plan.MODES)
+    if dropout_p != 0 or return_probs or not geom.depends_on_shapes_alone():
+        return None
+    # (launches through a `launcher` patched in would not reach the recorder)
+    if launcher is not triton_launch.launcher or not triton_plan.serves(q.device, CALL_PLANS):
+        return None
+    present = [t for t in inputs if t is not None]
+    if any(type(t) is not Tensor for t in present):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        return None
+    return (q.device, float(scale), terms, rel, bool(geom.causal), *map(triton_plan.tensor_key, inputs))
+
+
+# Where a call's host work is planned (`triton_plan`): "cuda" (CUDA tensors), "always" (the interpreter too),
+# "off". The benchmark's row "triton (no call plans)" times "off" beside the default.
+CALL_PLANS = "cuda"
+
+
+def _plan_settings() -> tuple:
+    """What `_PLANS` compares at every call: this module's globals (a setting or function patched in is seen) and
+    the tile overrides' entries (a dict the benchmark may fill in place)."""
+    return tuple(_GLOBALS.values()), tuple(TILE_OVERRIDES.items())
+
+
+_GLOBALS = globals()
+_PLANS = triton_plan.Plans(_plan_settings)
+
+
+def _triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor | None,
+    pos_k: Tensor | None,
+    rel: RelativeIndex | None,
+    geom: Geometry,
+    *,
+    scale: float,
+    terms: PositionTerms,
+    dropout_p: float = 0.0,
+    return_probs: bool = False,
+) -> tuple[Tensor, None]:
+    """`triton_attention` without plans."""
     drop_t = drop_threshold(dropout_p)  # checks 0 <= p < 1
     if return_probs:
         raise ValueError("the triton backend does not return attention probabilities")

@@ -29,8 +29,10 @@ after a kernel's first launch is not seen. Neither happens in this package.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import threading
 
 from torch import Tensor
 
@@ -44,7 +46,34 @@ MAX_ENTRIES = 1024
 # stand-in compiler to replace), so 3.4 is not served
 CHECKED_RELEASES = ((3, 5), (3, 9))
 
-_LAUNCHERS: dict[int, _Cached] = {}
+_LAUNCHERS: dict[int, Cached] = {}
+
+
+class _Hook(threading.local):
+    """The recorder of `triton_plan` while it records a call in this thread: it is handed every launch."""
+
+    recorder = None
+
+
+_HOOK = _Hook()
+
+
+def recorder():
+    """The recorder this thread's launches are handed to (`recording`), or None."""
+    return _HOOK.recorder
+
+
+@contextlib.contextmanager
+def recording(recorder):
+    """This thread's launches through `launcher` handed to ``recorder.launch(kernel, grid, args, kwargs)``, which
+    makes them (through ``launcher(kernel, hooked=False)``): how `triton_plan` records a call."""
+    if _HOOK.recorder is not None:
+        raise RuntimeError("triton_launch.recording: this thread is recording a call already")
+    _HOOK.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _HOOK.recorder = None
 
 
 def minor_release(version: str) -> tuple[int, int]:
@@ -63,10 +92,13 @@ def _checked_release() -> bool:
     return first <= minor_release(triton.__version__) <= last
 
 
-def launcher(kernel):
+def launcher(kernel, hooked: bool = True):
     """``kernel`` itself, or for a JIT function where `LAUNCH_PATH` is "cached" and the installed Triton is one of
-    `CHECKED_RELEASES` its `_Cached` launcher (one per kernel), launched alike:
-    ``launcher(kernel)[grid](*args, **kwargs)``."""
+    `CHECKED_RELEASES` its `Cached` launcher (one per kernel), launched alike:
+    ``launcher(kernel)[grid](*args, **kwargs)``. While this thread records a call (`recording`, unless
+    ``hooked`` is False) the launch goes to the recorder."""
+    if hooked and _HOOK.recorder is not None:
+        return _Recorded(kernel, _HOOK.recorder)
     if LAUNCH_PATH != "cached":
         if LAUNCH_PATH not in LAUNCH_PATH_MODES:
             raise ValueError(
@@ -78,8 +110,18 @@ def launcher(kernel):
         return cached
     if not isinstance(kernel, _jit_function()) or not _checked_release():  # interpreted, or a stand-in
         return kernel
-    cached = _LAUNCHERS[id(kernel)] = _Cached(kernel)
+    cached = _LAUNCHERS[id(kernel)] = Cached(kernel)
     return cached
+
+
+class _Recorded:
+    """A launch handed to a recorder (`recording`)."""
+
+    def __init__(self, kernel, recorder):
+        self.kernel, self.recorder = kernel, recorder
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.recorder.launch(self.kernel, grid, args, kwargs)
 
 
 @functools.cache
@@ -110,7 +152,7 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
     return tuple(parts)
 
 
-class _Cached:
+class Cached:
     """A JIT function's launches: Triton's path the first time per key, the compiled kernel directly after."""
 
     def __init__(self, fn):
@@ -125,7 +167,15 @@ class _Cached:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
-        key = _key(args, kwargs) if not callable(grid) and not self.fn.pre_run_hooks else None
+        self.launch_keyed(self.key(grid, args, kwargs), grid, args, kwargs)
+
+    def key(self, grid, args: tuple, kwargs: dict) -> tuple | None:
+        """The key of a launch (`_key`), or None where it takes Triton's path: a callable grid, pre-run hooks."""
+        return _key(args, kwargs) if not callable(grid) and not self.fn.pre_run_hooks else None
+
+    def launch_keyed(self, key: tuple | None, grid, args: tuple, kwargs: dict) -> None:
+        """The launch of ``key`` (`key`: a caller that knows its arguments' key, `triton_plan`'s replays, need
+        not build it again)."""
         if key is None:
             self.fn[grid](*args, **kwargs)
             return

@@ -81,7 +81,7 @@ class _Fn:
 
 def _cached(monkeypatch):
     fn = _Fn()
-    cached = triton_launch._Cached(fn)
+    cached = triton_launch.Cached(fn)
     device = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: "stream")
     monkeypatch.setattr(cached, "_driver", SimpleNamespace(active=device))
     return fn, cached
@@ -96,7 +96,7 @@ def test_a_kept_kernel_is_launched_with_the_arguments_tritons_path_passes(monkey
     for _ in range(2):
         cached[(3,)](x, 5, num_warps=4, BLOCK=16)
     assert [c[0] for c in fn.calls] == ["triton", "kept"]
-    hooks = triton_launch._Cached(fn)._knobs.runtime
+    hooks = triton_launch.Cached(fn)._knobs.runtime
     expected = (3, 1, 1, "stream", "function", "metadata", ("metadata of", (3,), "stream"))
     assert fn.calls[1][1] == (*expected, hooks.launch_enter_hook, hooks.launch_exit_hook, x, 5, 16)
     cached[(3,)](x[1:], 5, num_warps=4, BLOCK=16)  # another alignment: another key, Triton's path
