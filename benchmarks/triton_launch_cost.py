@@ -190,39 +190,44 @@ def _alike(a, b) -> bool:
 
 
 def check_planned_calls() -> dict:
-    """A forward without grad replayed from its plan (`triton_plan`) against the same call made: the same
-    compiled kernels, launched through the shorter path with the plan's recorded keys, with alike arguments
-    (`_alike`), the inputs' at their addresses. ``{"planned_launches": n}``, or `LaunchPathMismatch`."""
+    """A forward without grad, and a forward+backward, replayed from their plans (`triton_plan`: the forward
+    call's, or the forward's and the backward's bodies') against the same calls made: the same compiled kernels,
+    launched through the shorter path with the plans' recorded keys, with alike arguments (`_alike`), the
+    inputs' at their addresses. ``{"planned_launches": n}`` (of both), or `LaunchPathMismatch`."""
     calls: list = []
     call = _call()
-    with _stand_ins(calls), _gpu_tiles(), planned():
-        made = []
-        for _ in range(4):  # made, recorded, replayed twice
-            del calls[:]
-            call(False)
-            made.append(list(calls))
-        store = triton_backend._PLANS
-        (entries,) = store.entries.values()
-        _expect(entries[0].plan is not None, f"the forward was not planned: {entries[0].refusal}")
-        _expect(store.hits == 2, f"{store.hits} of 2 calls replayed")
-        inputs = {t.data_ptr() for t in call.inputs}
-        for replayed in made[2:]:
-            _expect(len(replayed) == len(made[0]), "a replay launched another number of kernels")
-            for i, ((k0, a0), (k1, a1)) in enumerate(zip(made[0], replayed)):
-                name = f"launch {i} of the forward"
-                _expect(k0 is k1, f"{name}: a replay reached another compiled kernel")
+    inputs = {t.data_ptr() for t in call.inputs}
+    count = 0
+    with _stand_ins(calls), _gpu_tiles():
+        for phase, backward in (("forward", False), ("forward+backward", True)):
+            with planned():
+                made = []
+                for _ in range(4):  # made, recorded, replayed twice
+                    del calls[:]
+                    call(backward)
+                    made.append(list(calls))
+                store = triton_backend._PLANS
+                refused = [e.refusal for entries in store.entries.values() for e in entries if e.refusal]
+                _expect(not refused, f"{phase}: not planned: {refused}")
+                _expect(store.hits == 2 * (1 + backward), f"{phase}: {store.hits} replays")
+            for replayed in made[2:]:
                 _expect(
-                    len(a0) == len(a1) and all(map(_alike, a0, a1)),
-                    f"{name}: a replay passed other arguments",
+                    len(replayed) == len(made[0]), f"{phase}: a replay launched another number of kernels"
                 )
-                pointers = [
-                    (x.data_ptr(), y.data_ptr()) for x, y in zip(a0, a1) if isinstance(x, torch.Tensor)
-                ]
-                _expect(
-                    all(x == y for x, y in pointers if x in inputs),
-                    f"{name}: a replay passed other inputs than its call's",
-                )
-    return dict(planned_launches=len(made[0]))
+                for i, ((k0, a0), (k1, a1)) in enumerate(zip(made[0], replayed)):
+                    name = f"{phase}: launch {i}"
+                    _expect(k0 is k1, f"{name}: a replay reached another compiled kernel")
+                    alike = len(a0) == len(a1) and all(map(_alike, a0, a1))
+                    _expect(alike, f"{name}: a replay passed other arguments")
+                    pointers = [
+                        (x.data_ptr(), y.data_ptr()) for x, y in zip(a0, a1) if isinstance(x, torch.Tensor)
+                    ]
+                    _expect(
+                        all(x == y for x, y in pointers if x in inputs),
+                        f"{name}: a replay passed other inputs than its call's",
+                    )
+            count += len(made[0])
+    return dict(planned_launches=count)
 
 
 def _pointer_variants() -> list[torch.Tensor]:
@@ -286,8 +291,8 @@ def record_launches() -> dict[str, list]:
 def whole_calls_us(reps: int) -> list[dict]:
     """Host time of a whole call (`_call`: the backend's Python and PyTorch ops, and every launch through the
     stand-ins, the kernels not run), forward without grad and forward+backward, through Triton's launch path
-    (`triton_launch.LAUNCH_PATH` "triton") and the shorter one; the forward also replayed from its plan
-    (`triton_plan`, through the shorter path; a forward+backward is not planned)."""
+    (`triton_launch.LAUNCH_PATH` "triton") and the shorter one, and replayed from their plans (`triton_plan`,
+    through the shorter path)."""
     call, rows = _call(), []
     with _gpu_tiles():
         for phase, backward in (("call: forward, no grad", False), ("call: forward+backward", True)):
@@ -299,9 +304,8 @@ def whole_calls_us(reps: int) -> list[dict]:
             row = dict(
                 phase=phase, kernel="triton_attention", arguments="", us=us["triton"], cached_us=us["cached"]
             )
-            if not backward:
-                with planned():
-                    row["planned_us"] = round(timed(), 1)
+            with planned():
+                row["planned_us"] = round(timed(), 1)
             rows.append(row)
     return rows
 

@@ -1946,7 +1946,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pos_q, pos_k, scale, config, *aux):
-        out, lse, inputs = _forward(q, k, v, pos_q, pos_k, list(aux), scale, config)
+        out, lse, inputs = _planned_forward(q, k, v, pos_q, pos_k, list(aux), scale, config)
         keep = KEEP_TABLES and inputs.dist and any(ctx.needs_input_grad[:5])
         kept = (inputs.row, inputs.col, inputs.far) if keep else ()
         _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse), kept)
@@ -1956,7 +1956,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         saved = ctx.saved_tensors
-        return (*_gradients(ctx, saved, dout, _bwd), None, None, *(None for _ in range(AUX_COUNT)))
+        return (*_gradients(ctx, saved, dout, _planned_bwd), None, None, *(None for _ in range(AUX_COUNT)))
 
 
 def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor]:
@@ -1968,8 +1968,46 @@ def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tenso
         return _fwd_op(q, k, v, pos_q, pos_k, aux, scale, config)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, pos_q, pos_k)):
         return _EagerAttention.apply(q, k, v, pos_q, pos_k, scale, config, *aux)
-    out, lse, _ = _forward(q, k, v, pos_q, pos_k, aux, scale, config)
+    out, lse, _ = _planned_forward(q, k, v, pos_q, pos_k, aux, scale, config)
     return out, lse
+
+
+def _planned_forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor, _PositionInputs]:
+    """`_forward`, replayed from its signature's plan where it has one (`triton_plan`): an eager forward with
+    grad, or one without whose call was not planned as a whole (a geometry with masks: its tensors are among the
+    body's inputs here)."""
+
+    def call():
+        return _forward(q, k, v, pos_q, pos_k, aux, scale, config)
+
+    inputs = (q, k, v, pos_q, pos_k, *aux)
+    key = _body_key("forward", inputs, scale, config)
+    return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
+
+
+def _planned_bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, ...]:
+    """`_bwd`, replayed from its signature's plan where it has one (`triton_plan`): an eager backward."""
+
+    def call():
+        return _bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config)
+
+    inputs = (dout, q, k, v, out, lse, pos_q, pos_k, *aux)
+    key = _body_key("backward", inputs, scale, config)
+    return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
+
+
+def _body_key(body: str, inputs: tuple, scale: float, config: list[int]) -> tuple | None:
+    """The signature of a call of an op's body (``body``: "forward" or "backward") for `triton_plan`, or None where
+    it is not planned (see `_plan_key`; every tensor it reads is among ``inputs``, the geometry's too)."""
+    present = [t for t in inputs if t is not None]
+    device = present[0].device
+    if launcher is not triton_launch.launcher or not triton_plan.serves(device, _plan_mode()):
+        return None
+    if any(type(t) is not Tensor for t in present):
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
+        return None
+    return (body, device, float(scale), tuple(config), *map(triton_plan.tensor_key, inputs))
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -2146,7 +2184,7 @@ def triton_attention(
 
     inputs = (q, k, v, pos_q, pos_k)
     key = _plan_key(inputs, rel, geom, scale, terms, dropout_p, return_probs)
-    return call() if key is None else _PLANS.call(key, inputs, call)
+    return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
 
 
 def _plan_key(
@@ -2163,11 +2201,10 @@ def _plan_key(
     positions: tensors per call), a gradient wanted, an input of a tensor subclass, or `triton_plan.serves` says
     no. The relative mapping by value (what the cached lookup tables are built from)."""
     q = inputs[0]
-    _check_mode("CALL_PLANS", CALL_PLANS, triton_plan.MODES)
     if dropout_p != 0 or return_probs or not geom.depends_on_shapes_alone():
         return None
     # (launches through a `launcher` patched in would not reach the recorder)
-    if launcher is not triton_launch.launcher or not triton_plan.serves(q.device, CALL_PLANS):
+    if launcher is not triton_launch.launcher or not triton_plan.serves(q.device, _plan_mode()):
         return None
     present = [t for t in inputs if t is not None]
     if any(type(t) is not Tensor for t in present):
@@ -2180,6 +2217,11 @@ def _plan_key(
 # Where a call's host work is planned (`triton_plan`): "cuda" (CUDA tensors), "always" (the interpreter too),
 # "off". The benchmark's row "triton (no call plans)" times "off" beside the default.
 CALL_PLANS = "cuda"
+
+
+def _plan_mode() -> str:
+    _check_mode("CALL_PLANS", CALL_PLANS, triton_plan.MODES)
+    return CALL_PLANS
 
 
 def _plan_settings() -> tuple:

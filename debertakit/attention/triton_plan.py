@@ -1,38 +1,43 @@
-"""Call plans: a `triton` forward's host work done once per call signature, then only its allocations and launches.
+"""Call plans: a `triton` call's host work done once per call signature, then only its operations and launches.
 
 At N = 512 a forward's time on the H200 was the host's: 0.955 ms per call for 0.468 ms of GPU time (sixth lease,
 docs/gpu-kernel.md). On this project's 2-core CPU the host side of such a forward without grad takes about
-140 µs (``python benchmarks/triton_launch_cost.py``, row "call: forward, no grad", kernels not run), of which
+135 µs (``python benchmarks/triton_launch_cost.py``, row "call: forward, no grad", kernels not run), of which
 its three allocations, the fill of the tables' zeros and its two launches are some 25; the rest decides: which
 road, tiles and layout, which views and buffers, which arguments. For inputs of the same shapes, strides,
 dtypes and settings it decides the same every time.
 
-A `Plans` records one call per signature (its key, below) and replays it for later calls: the buffers it
-allocated, allocated again at the same sizes and strides; its fills and copies into them; each kernel launch
-with the same grid and arguments, where a tensor argument that was an input, or a view of an input or of a
-buffer, is taken from this call's input or buffer at the same sizes, strides and storage offset, and any other
-tensor argument (the lookup tables, the geometry's shared inputs, the stand-ins: built by the caches and kept
-there, the same for every call of the signature) is passed as it was. Steps run in the order the call made
-them. The replay launches through `triton_launch.launcher`, with the key the recorded launch had there.
+A `Plans` records one call per signature (its key) and replays it for later calls of the signature. The plan
+holds the call's steps in the order it made them: its allocations (made again at the same sizes and strides),
+fills and copies (made directly), any other PyTorch operation (called again, an ATen operation on this call's
+tensors), and each kernel launch (the same grid and arguments, through `triton_launch.launcher` with the key the
+launch had on its shorter path). A tensor the call's steps read is an input, an operation's output, or a view of
+one, taken again from this call's at the same size, strides and storage offset; any other tensor (the lookup
+tables, the geometry's shared inputs, the stand-ins, kept by the caches and the same for every call of the
+signature) is passed as it was. The result is rebuilt the same way.
 
 How a call is recorded: under a `TorchDispatchMode` that sees every PyTorch operation of the call, and with
-`triton_launch.launcher` handing each launch to the recorder. A call is planned only where its operations are
-allocations, views, and fills of and copies into what it allocated, and its result one of its buffers or inputs:
-a matmul, a random draw, a value read from the device, or a write into anything else, and the call is not
-planned (it ran as it always does). A signature's first call is not recorded (it may build what the caches
-keep), and one that cannot be planned is recorded `RECORDINGS` times at most.
+`triton_launch.launcher` handing each launch to the recorder. A call is not planned (it ran as it always does)
+where an operation's result would not be repeated by a replay (a random draw, a value read from the device, a
+shape that follows from values: `torch.Tag` says which), it writes into a tensor it did not make (an input, a
+kept tensor), it views a tensor as another dtype, hands no launch to the recorder, or returns a tensor not of
+its own. A signature's first call is not recorded (it may build what the caches keep), and one that cannot be
+planned is recorded `RECORDINGS` times at most.
 
-The key (`triton_backend._plan_key`): each input's shape, strides, dtype, storage offset and 16-byte alignment,
-the device, the scale, the position terms, the relative-position mapping (by value: what the cached tables are
-built from) and causality; geometries with per-call tensors (masks, segments, positions) and dropout are not
-planned. The backend's module settings are compared at every call (``settings`` of `Plans`: the module's
-globals by value, so a setting or a function patched in is seen, a dict changed in place is not, but for the
-tile overrides). Not planned either: calls under ``torch.compile``, while a CUDA graph is captured, under
-autocast, or where a gradient is wanted.
+The backend plans at two levels (`triton_backend`): whole calls without gradients on a geometry of shapes alone
+(`triton_attention`: the key holds each input's shape, strides, dtype, storage offset and 16-byte alignment, the
+device, the scale, the position terms, the relative-position mapping by value and causality), and the bodies of
+the forward and the backward (`_planned_forward`, `_planned_bwd`: every tensor they read is an input, the
+geometry's and the dropout seed among them, so masked, packed and dropout calls and training steps are planned
+there). Its module settings are compared at every call (``settings`` of `Plans`: the module's globals by value,
+so a setting or a function patched in is seen, a dict changed in place is not, but for the tile overrides). Not
+planned: calls under ``torch.compile`` (the compiled graph's custom ops run their bodies unplanned), while a CUDA
+graph is captured, under autocast, under a dispatch mode of the caller's, or where a gradient would be recorded.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -52,8 +57,17 @@ MODES = ("cuda", "always", "off")
 PLANS_KEPT = 64
 SNAPSHOTS_KEPT = 4
 RECORDINGS = 3
+# Where a call's host time is what a plan saves (`Plans.call`'s ``timed``: CUDA, whose kernels run
+# asynchronously), a plan is kept only if it does: the host time of TIMED_CALLS calls made is compared with that
+# of its first TIMED_CALLS replays (the least of each). A body already lean, or one of many operations, each
+# replayed with its views taken again, can take longer replayed (`benchmarks/triton_dispatch.py`, medians of three
+# runs on a 2-core CPU: forward+backward without position terms 216 -> 269 µs, on the tables road 1088 -> 1244,
+# where the distance road's went 698 -> 645).
+TIMED_CALLS = 2
 
 _aten = torch.ops.aten
+# operations a replay repeats without PyTorch's dispatch of the recorded call (`_Alloc`, `_Fill`, `_Copy`): the
+# allocations, their fills with a value (the value's argument, or 0), and copies
 _ALLOCATIONS = {
     _aten.empty.memory_format,
     _aten.empty_like.default,
@@ -61,22 +75,34 @@ _ALLOCATIONS = {
     _aten.new_empty.default,
     _aten.new_empty_strided.default,
 }
-_FILLS = {_aten.zero_.default, _aten.fill_.Scalar}
-# allocations filled with a value: the buffer, then its fill (the value's argument, or 0)
 _FILLED = {
     _aten.zeros.default: None,
     _aten.zeros_like.default: None,
+    _aten.new_zeros.default: None,
     _aten.full.default: 1,
     _aten.full_like.default: 1,
 }
+_FILLS = {_aten.zero_.default: None, _aten.fill_.Scalar: 1}
+# operations whose outputs' shapes follow from the values: a replay could not repeat them, but for an index by
+# integer tensors (a gather: the shape follows from the indices' shapes)
+_STATIC_INDEX = _aten.index.Tensor
+_REFUSED_TAGS = (
+    torch.Tag.nondeterministic_seeded,  # random draws: a replay would draw again
+    torch.Tag.data_dependent_output,  # a value read from the device
+    torch.Tag.dynamic_output_shape,
+)
 
 
 def serves(device: torch.device, mode: str) -> bool:
     """Whether calls on ``device`` are planned in ``mode`` (one of `MODES`), in this context: not under
-    ``torch.compile``, while a CUDA graph is captured, under autocast, nor inside a call being recorded."""
+    ``torch.compile``, while a CUDA graph is captured, under autocast, inside a call being recorded, nor under a
+    dispatch mode of the caller's (a probe counting operations, `torch.library.opcheck`'s checks: they would see
+    a replay's few operations, or the recording's mode beneath theirs)."""
     if mode == "off" or (mode == "cuda" and device.type != "cuda"):
         return False
     if triton_launch.recorder() is not None or torch.compiler.is_compiling():
+        return False
+    if torch._C._len_torch_dispatch_stack():
         return False
     autocast = torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
     return not autocast and not capturing_cuda_graph()
@@ -85,26 +111,76 @@ def serves(device: torch.device, mode: str) -> bool:
 def tensor_key(t: Tensor | None) -> Hashable:
     """What a plan's key holds of an input: None, or its shape, strides, dtype, storage offset and 16-byte
     alignment (views of it are replayed at the same storage offsets; Triton specialises on the alignment)."""
-    if t is None:
-        return None
+    if not isinstance(t, Tensor):
+        return None if t is None else ("not a tensor", t)
     return t.shape, t.stride(), t.dtype, t.storage_offset(), t.data_ptr() % 16
 
 
 class _View(NamedTuple):
-    """A tensor a plan hands a kernel or returns: an input (``kind`` "input") or a buffer ("buffer") number
-    ``index``, itself (``size`` None) or viewed at ``size``, ``stride`` and storage ``offset``."""
+    """A tensor of the call a plan's steps read or it returns: root number ``root`` (the inputs first, then each
+    output of the call's operations in order), itself (``size`` None) or viewed at ``size``, ``stride`` and
+    storage ``offset``."""
 
-    kind: str
-    index: int
+    root: int
     size: tuple[int, ...] | None = None
     stride: tuple[int, ...] | None = None
     offset: int = 0
 
 
+class _Slot(NamedTuple):
+    """In a template (`_template`): the call's tensor of view number ``view``."""
+
+    view: int
+
+
+class _Node(NamedTuple):
+    """In a template: a tuple, list, named tuple or dict (``make`` rebuilds it from its items) of templates."""
+
+    make: Callable
+    items: tuple
+
+
+def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
+    """``x`` with each tensor of the call (``slot`` gives its view number, None for a kept tensor) a `_Slot`, and
+    its tuples, lists, named tuples and dicts `_Node`s; anything else kept as it is."""
+    if isinstance(x, Tensor):
+        at = slot(x)
+        return x if at is None else _Slot(at)
+    if isinstance(x, dict):
+        keys = tuple(x)
+        return _Node(
+            lambda values, keys=keys: dict(zip(keys, values)), tuple(_template(x[k], slot) for k in keys)
+        )
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return _Node(type(x)._make, tuple(_template(v, slot) for v in x))
+    if isinstance(x, (tuple, list)):
+        return _Node(type(x), tuple(_template(v, slot) for v in x))
+    return x
+
+
+def _build(node: Any, view: Callable[[int], Tensor]) -> Any:
+    """A `_template` filled in with this replay's views."""
+    kind = type(node)
+    if kind is _Slot:
+        return view(node.view)
+    if kind is _Node:
+        return node.make([_build(item, view) for item in node.items])
+    return node
+
+
+class _Op(NamedTuple):
+    """A recorded operation: ``func`` on ``call``, the `_template` of its ``(args, kwargs)``; its outputs at
+    ``outputs`` (positions among them, a tensor alone being position 0) are new roots."""
+
+    func: Any
+    call: Any
+    outputs: tuple[int, ...]
+
+
 class _Launch(NamedTuple):
-    """A recorded launch: ``kernel[grid](*args, **kwargs)`` with the tensors at ``slots`` (positions of args,
-    names of kwargs) replaced by the plan's views of that number; ``key``, the shorter launch path's key of the
-    recorded arguments (`triton_launch.Cached.key`; None off that path)."""
+    """A recorded launch: ``kernel[grid](*args, **kwargs)`` with the tensors of the call at ``arg_slots``
+    (position, view number) and ``kwarg_slots`` (name, view number) filled in at replay; ``key``, the launch's key
+    on the shorter path (`triton_launch.Cached.key`; None off it)."""
 
     kernel: Any
     grid: Any
@@ -115,66 +191,89 @@ class _Launch(NamedTuple):
     key: tuple | None
 
 
+class _Alloc(NamedTuple):
+    """A recorded allocation, a new root: its size, strides, dtype and device."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
 class _Fill(NamedTuple):
-    """A recorded fill: the plan's view ``view`` (of a buffer) set to ``value``."""
+    """A recorded fill of view ``view`` with ``value``."""
 
     view: int
     value: float
 
 
 class _Copy(NamedTuple):
-    """A recorded copy into view ``target`` (of a buffer), converting and broadcasting as ``copy_`` does: from
-    view ``source`` or, where the source is no tensor of the call, from that tensor itself."""
+    """A recorded copy into view ``target``, converting and broadcasting as ``copy_`` does: from view ``source``,
+    or from a kept tensor itself."""
 
     target: int
     source: int | Tensor
 
 
 class Plan(NamedTuple):
-    """A recorded call (see the module docstring): its buffers (size, stride, dtype, device), the views its
-    steps and result read, its steps (fills, copies and launches) in the order it made them, and the view it
-    returns."""
+    """A recorded call (see the module docstring): the views its steps read and its result holds, its steps in
+    the order it made them, the `_template` of its result, and whether each root from an operation started on
+    16 bytes when recorded."""
 
-    buffers: tuple[tuple, ...]
-    aligned: tuple[bool, ...]  # whether each buffer started on 16 bytes when recorded
     views: tuple[_View, ...]
-    steps: tuple[_Fill | _Copy | _Launch, ...]
-    result: int
+    steps: tuple[_Alloc | _Fill | _Copy | _Op | _Launch, ...]
+    result: Any
+    aligned: tuple[bool, ...]
 
-    def run(self, inputs: tuple[Tensor | None, ...]) -> Tensor:
-        """The call on new ``inputs`` of the plan's signature: its allocations, fills, copies and launches."""
-        buffers = [
-            torch.empty_strided(size, stride, dtype=dtype, device=dev)
-            for size, stride, dtype, dev in self.buffers
-        ]
-        # the launches' keys hold each tensor's 16-byte alignment: the inputs' are the plan key's, the buffers'
-        # the allocator's (both of PyTorch's align far more), checked
-        keyed = tuple(b.data_ptr() % 16 == 0 for b in buffers) == self.aligned
-        roots = {"input": inputs, "buffer": buffers}
-        views = [
-            roots[v.kind][v.index]
-            if v.size is None
-            else roots[v.kind][v.index].as_strided(v.size, v.stride, v.offset)
-            for v in self.views
-        ]
+    def run(self, inputs: tuple) -> Any:
+        """The call on new ``inputs`` of the plan's signature: its operations and launches alone."""
+        roots = list(inputs)
+        first = len(roots)  # the roots from operations start here
+        views: list[Tensor | None] = [None] * len(self.views)
+
+        def view(i: int) -> Tensor:
+            t = views[i]
+            if t is None:
+                v = self.views[i]
+                t = roots[v.root] if v.size is None else roots[v.root].as_strided(v.size, v.stride, v.offset)
+                views[i] = t
+            return t
+
         for step in self.steps:
-            if isinstance(step, _Fill):
-                views[step.view].fill_(step.value)
-            elif isinstance(step, _Copy):
+            kind = type(step)
+            if kind is _Alloc:
+                roots.append(
+                    torch.empty_strided(step.size, step.stride, dtype=step.dtype, device=step.device)
+                )
+                continue
+            if kind is _Fill:
+                view(step.view).fill_(step.value)
+                continue
+            if kind is _Copy:
                 source = step.source
-                views[step.target].copy_(source if isinstance(source, Tensor) else views[source])
-            else:
-                _launch(step, views, keyed)
-        return views[self.result]
+                view(step.target).copy_(source if isinstance(source, Tensor) else view(source))
+                continue
+            if kind is _Op:
+                args, kwargs = _build(step.call, view)
+                out = step.func(*args, **kwargs)
+                outs = (out,) if isinstance(out, Tensor) else out
+                roots += [outs[at] for at in step.outputs]
+                continue
+            made = roots[first:]  # (see `_launch`)
+            keyed = tuple(r.data_ptr() % 16 == 0 for r in made) == self.aligned[: len(made)]
+            _launch(step, view, keyed)
+        return _build(self.result, view)
 
 
-def _launch(launch: _Launch, views: list[Tensor], keyed: bool) -> None:
-    """A replayed launch on this replay's ``views``, with its recorded key where ``keyed`` and it has one."""
+def _launch(launch: _Launch, view: Callable[[int], Tensor], keyed: bool) -> None:
+    """A replayed launch, with its recorded key where ``keyed``: the inputs' 16-byte alignment is in the plan's
+    key, and ``keyed`` says that the operations' outputs (the allocations) start on 16 bytes as they did when
+    recorded (PyTorch's allocators align far more)."""
     args, kwargs = list(launch.args), dict(launch.kwargs)
-    for at, view in launch.arg_slots:
-        args[at] = views[view]
-    for name, view in launch.kwarg_slots:
-        kwargs[name] = views[view]
+    for at, i in launch.arg_slots:
+        args[at] = view(i)
+    for name, i in launch.kwarg_slots:
+        kwargs[name] = view(i)
     path = triton_launch.launcher(launch.kernel)
     if keyed and launch.key is not None and isinstance(path, triton_launch.Cached):
         path.launch_keyed(launch.key, launch.grid, args, kwargs)
@@ -189,60 +288,73 @@ class NotPlanned(Exception):
 class _Recorder(TorchDispatchMode):
     """Sees a call's PyTorch operations and launches (see the module docstring) and builds its `Plan`."""
 
-    def __init__(self, inputs: tuple[Tensor | None, ...]):
+    def __init__(self, inputs: tuple):
         super().__init__()
-        self.inputs = inputs
-        # id -> (kind, index) of the input or buffer a tensor is (a view of); every such tensor kept alive while
-        # recording, so that no other tensor takes its id
-        self.origin: dict[int, tuple[str, int]] = {
-            id(t): ("input", i) for i, t in enumerate(inputs) if t is not None
-        }
+        # id -> root number of each tensor of the call (an input, an operation's output, or a view of one); every
+        # such tensor kept alive while recording, so that no other tensor takes its id
+        self.roots: list[Tensor] = list(inputs)
+        self.origin: dict[int, int] = {id(t): i for i, t in enumerate(inputs) if isinstance(t, Tensor)}
+        self.inputs = len(inputs)
         self.kept: list[Tensor] = []
-        self.buffers: list[Tensor] = []
-        # ("fill", tensor, value), ("copy", target, source), ("launch", kernel, grid, args, kwargs), in order
+        # ("alloc", tensor), ("fill", tensor, value), ("copy", target, source), ("op", func, args, kwargs, new
+        # outputs) or ("launch", kernel, grid, args, kwargs), in order
         self.steps: list[tuple] = []
         self.refusal: str | None = None
         self.launching = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         # (a launch's own operations, the interpreter's copies, are not the call's)
         if not self.launching and self.refusal is None:
-            self._note(func, args, out)
+            self.refusal = self._note(func, args, kwargs, out)
         return out
 
-    def _note(self, func, args: tuple, out: Any) -> None:
+    def _note(self, func, args: tuple, kwargs: dict, out: Any) -> str | None:
+        """Notes an operation of the call; why the call cannot be planned, or None."""
+        outs = (out,) if isinstance(out, Tensor) else tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if any(not isinstance(t, Tensor) for t in outs):
+            return f"the call reads a value from {func}"
+        if func.is_view:
+            parent = args[0]
+            root = self.origin.get(id(parent))
+            for t in outs:
+                if root is not None:
+                    if t.dtype != parent.dtype:
+                        return f"{func} views a tensor as another dtype"
+                    self._derive(t, root)
+            return None
+        if any(tag in func.tags for tag in _REFUSED_TAGS) and not _static_index(func, args):
+            return f"the call runs {func}, whose result a replay would not repeat"
+        written = _written(func, args, kwargs)
+        if any(self.origin.get(id(t), -1) < self.inputs for t in written):
+            return f"{func} writes into a tensor the call did not make"
         if func in _ALLOCATIONS or func in _FILLED:
-            self._derive(out, ("buffer", len(self.buffers)))
-            self.buffers.append(out)
+            self._derive(out, len(self.roots))
+            self.roots.append(out)
+            self.steps.append(("alloc", out))
             if func in _FILLED:
                 at = _FILLED[func]
                 self.steps.append(("fill", out, 0 if at is None else args[at]))
-        elif func in _FILLS or func is _aten.copy_.default:
-            target = args[0]
-            if self._where(target) != "buffer":
-                self.refusal = f"{func} writes into a tensor the call did not allocate"
-            elif func is _aten.copy_.default:
-                self.steps.append(("copy", target, args[1]))
-            else:
-                self.steps.append(("fill", target, 0 if func is _aten.zero_.default else args[1]))
-        elif func.is_view:
-            parent = args[0]
-            where = self.origin.get(id(parent)) if isinstance(parent, Tensor) else None
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if where is not None and isinstance(t, Tensor):
-                    if t.dtype != parent.dtype:
-                        self.refusal = f"{func} views a tensor as another dtype"
-                    self._derive(t, where)
-        else:
-            self.refusal = f"the call runs {func}"
+            return None
+        if func in _FILLS:
+            at = _FILLS[func]
+            self.steps.append(("fill", args[0], 0 if at is None else args[at]))
+            return None
+        if func is _aten.copy_.default:
+            self.steps.append(("copy", args[0], args[1]))
+            return None
+        new = []
+        for at, t in enumerate(outs):
+            if not any(t is w for w in written):
+                new.append(at)
+                self._derive(t, len(self.roots))
+                self.roots.append(t)
+        self.steps.append(("op", func, args, kwargs, tuple(new)))
+        return None
 
-    def _where(self, t: Any) -> str | None:
-        """The kind of a tensor of the call, "input" or "buffer"; None for a constant, or not a tensor."""
-        return self.origin[id(t)][0] if isinstance(t, Tensor) and id(t) in self.origin else None
-
-    def _derive(self, t: Tensor, where: tuple[str, int]) -> None:
-        self.origin[id(t)] = where
+    def _derive(self, t: Tensor, root: int) -> None:
+        self.origin[id(t)] = root
         self.kept.append(t)
 
     def launch(self, kernel, grid, args: tuple, kwargs: dict) -> None:
@@ -254,60 +366,87 @@ class _Recorder(TorchDispatchMode):
         finally:
             self.launching = False
 
-    def plan(self, result: tuple) -> Plan:
-        """The recorded call as a `Plan` returning ``result[0]``; `NotPlanned` where it cannot be one."""
+    def plan(self, result: Any) -> Plan:
+        """The recorded call as a `Plan` returning ``result``; `NotPlanned` where it cannot be one."""
         if self.refusal is not None:
             raise NotPlanned(self.refusal)
-        if self._where(result[0]) is None:
-            raise NotPlanned("the call's result is not one of its inputs or buffers")
-        if any(isinstance(r, Tensor) for r in result[1:]):
-            raise NotPlanned("the call returns more than one tensor")
         if not any(step[0] == "launch" for step in self.steps):
             # (a launch that did not go through `triton_launch.launcher` would not be replayed)
             raise NotPlanned("the call handed no launch to the recorder")
         views: list[_View] = []
-        steps = [self._step(step, views) for step in self.steps]
-        result_view = self._view(result[0], views)
-        buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device) for b in self.buffers)
-        aligned = tuple(b.data_ptr() % 16 == 0 for b in self.buffers)
-        return Plan(buffers, aligned, tuple(views), tuple(steps), result_view)
+        steps = tuple(self._step(step, views) for step in self.steps)
+        kept = []
+        template = _template(result, lambda t: self._view(t, views) if self._of_call(t) else kept.append(t))
+        if kept:
+            raise NotPlanned("the call returns a tensor that is not one of its own")
+        aligned = tuple(r.data_ptr() % 16 == 0 for r in self.roots[self.inputs :])
+        return Plan(tuple(views), steps, template, aligned)
 
-    def _step(self, step: tuple, views: list[_View]) -> _Fill | _Copy | _Launch:
+    def _step(self, step: tuple, views: list[_View]) -> _Alloc | _Fill | _Copy | _Op | _Launch:
+        def slot(t: Tensor) -> int | None:
+            return self._view(t, views) if self._of_call(t) else None
+
+        if step[0] == "alloc":
+            t = step[1]
+            return _Alloc(tuple(t.shape), t.stride(), t.dtype, t.device)
         if step[0] == "fill":
-            return _Fill(self._view(step[1], views), step[2])
+            return _Fill(slot(step[1]), step[2])
         if step[0] == "copy":
             source = step[2]
-            return _Copy(
-                self._view(step[1], views), self._view(source, views) if self._where(source) else source
-            )
+            return _Copy(slot(step[1]), slot(source) if self._of_call(source) else source)
+        if step[0] == "op":
+            _, func, args, kwargs, new = step
+            return _Op(func, _template((args, kwargs), slot), new)
         _, kernel, grid, args, kwargs = step
         path = triton_launch.launcher(kernel, hooked=False)
         key = path.key(grid, args, kwargs) if isinstance(path, triton_launch.Cached) else None
-        arg_slots = tuple((at, self._view(a, views)) for at, a in enumerate(args) if self._where(a))
-        kwarg_slots = tuple((name, self._view(a, views)) for name, a in kwargs.items() if self._where(a))
-        args = tuple(None if self._where(a) else a for a in args)
-        kwargs = {name: (None if self._where(a) else a) for name, a in kwargs.items()}
+        arg_slots = tuple((at, slot(a)) for at, a in enumerate(args) if self._of_call(a))
+        kwarg_slots = tuple((name, slot(a)) for name, a in kwargs.items() if self._of_call(a))
+        args = tuple(None if self._of_call(a) else a for a in args)
+        kwargs = {name: (None if self._of_call(a) else a) for name, a in kwargs.items()}
         return _Launch(kernel, grid, args, kwargs, arg_slots, kwarg_slots, key)
+
+    def _of_call(self, t: Any) -> bool:
+        """Whether ``t`` is a tensor of the call: an input, an operation's output, or a view of one."""
+        return isinstance(t, Tensor) and id(t) in self.origin
 
     def _view(self, t: Tensor, views: list[_View]) -> int:
         """The number of ``t``'s view among ``views`` (added where new)."""
-        kind, index = self.origin[id(t)]
-        root = self.inputs[index] if kind == "input" else self.buffers[index]
+        root = self.origin[id(t)]
         view = (
-            _View(kind, index)
-            if t is root
-            else _View(kind, index, tuple(t.shape), t.stride(), t.storage_offset())
+            _View(root)
+            if t is self.roots[root]
+            else _View(root, tuple(t.shape), t.stride(), t.storage_offset())
         )
         if view not in views:
             views.append(view)
         return views.index(view)
 
 
-def record(
-    call: Callable[[], tuple], inputs: tuple[Tensor | None, ...]
-) -> tuple[tuple, Plan | None, str | None]:
-    """Run ``call`` (which returns ``(tensor, ...)``) recording it: its result, its `Plan` (None where it cannot
-    be planned) and why not."""
+def _written(func, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors ``func`` writes into: its arguments marked as written in its schema (``self`` of an in-place
+    operation, ``out=``)."""
+    written = []
+    for at, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = kwargs[arg.name] if arg.name in kwargs else args[at] if at < len(args) else None
+        written += [value] if isinstance(value, Tensor) else [t for t in value or () if isinstance(t, Tensor)]
+    return written
+
+
+def _static_index(func, args: tuple) -> bool:
+    """An index by integer tensors alone (``t[:, rows]``): its shape follows from theirs."""
+    if func is not _STATIC_INDEX:
+        return False
+    return all(
+        i is None or (isinstance(i, Tensor) and not i.dtype.is_floating_point and i.dtype != torch.bool)
+        for i in args[1]
+    )
+
+
+def record(call: Callable[[], Any], inputs: tuple) -> tuple[Any, Plan | None, str | None]:
+    """Run ``call`` recording it: its result, its `Plan` (None where it cannot be planned) and why not."""
     recorder = _Recorder(inputs)
     with triton_launch.recording(recorder), recorder:
         result = call()
@@ -325,8 +464,9 @@ class _Entry:
         self.calls = 0
         self.recordings = 0
         self.plan: Plan | None = None
-        self.tail: tuple = ()  # what the call returns after its tensor (constants: `_Recorder.plan`)
         self.refusal: str | None = None
+        self.made: list[float] = []  # host seconds of timed calls made, and of timed replays (`TIMED_CALLS`)
+        self.replayed: list[float] = []
 
 
 class Plans:
@@ -338,21 +478,40 @@ class Plans:
         self.entries: OrderedDict[Hashable, list[_Entry]] = OrderedDict()
         self.hits = self.recorded = 0
 
-    def call(self, key: Hashable, inputs: tuple[Tensor | None, ...], call: Callable[[], tuple]) -> tuple:
-        """``call()`` (returning ``(tensor, ...)``, the tensor a function of ``inputs`` and the key alone), or its
-        plan's replay: the same tuple with the replayed tensor first."""
+    def call(self, key: Hashable, inputs: tuple, call: Callable[[], Any], timed: bool = False) -> Any:
+        """``call()``, whose result is a function of ``inputs`` (tensors among them) and ``key`` alone, or its
+        plan's replay on ``inputs``. With ``timed``, a plan is kept only where it saves host time
+        (`TIMED_CALLS`)."""
         entry = self._entry(key, self.settings())
         if entry.plan is not None:
             self.hits += 1
-            result = entry.plan.run(inputs)
-            return (result, *entry.tail)
+            if not timed or len(entry.replayed) >= TIMED_CALLS:
+                return entry.plan.run(inputs)
+            return self._trial(entry, inputs)
         entry.calls += 1
         if entry.calls == 1 or entry.recordings >= RECORDINGS:
             return call()
+        if timed and len(entry.made) < TIMED_CALLS:
+            start = time.perf_counter()
+            result = call()
+            entry.made.append(time.perf_counter() - start)
+            return result
         entry.recordings += 1
         self.recorded += 1
         result, entry.plan, entry.refusal = record(call, inputs)
-        entry.tail = result[1:]
+        return result
+
+    @staticmethod
+    def _trial(entry: _Entry, inputs: tuple) -> Any:
+        """A timed replay (`TIMED_CALLS`); after the last, the plan dropped where its replays took no less host
+        time than the calls made."""
+        start = time.perf_counter()
+        result = entry.plan.run(inputs)
+        entry.replayed.append(time.perf_counter() - start)
+        if len(entry.replayed) == TIMED_CALLS and min(entry.replayed) >= min(entry.made):
+            replayed, made = min(entry.replayed) * 1e6, min(entry.made) * 1e6
+            entry.plan, entry.recordings = None, RECORDINGS
+            entry.refusal = f"replayed in {replayed:.0f} µs of host time, made in {made:.0f}"
         return result
 
     def _entry(self, key: Hashable, settings: tuple) -> _Entry:

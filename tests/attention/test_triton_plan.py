@@ -77,7 +77,9 @@ def plans(monkeypatch):
 
 
 def _only_entry(store: triton_plan.Plans) -> triton_plan._Entry:
-    (entries,) = store.entries.values()
+    """The one plan entry of whole calls (a call's first run, not planned as a whole, also sees its forward body's
+    signature, keyed "forward", once)."""
+    (entries,) = [e for key, e in store.entries.items() if key[0] not in ("forward", "backward")]
     (entry,) = entries
     return entry
 
@@ -96,20 +98,40 @@ def test_replayed_calls_give_the_calls_output_on_new_inputs(monkeypatch, plans, 
     assert (plans.recorded, plans.hits) == (1, 2)
 
 
+V3_BASE = RelativeIndex(span=256, bucket_size=256, max_position=512)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, batch", [(128, 1), (512, 8), (2048, 2)])
 def test_replayed_calls_give_the_calls_output_at_real_sizes(monkeypatch, n, batch):
-    """On CUDA with the default `CALL_PLANS` ("cuda"), v3-base positions, bfloat16, 12 heads, d 64: from N = 1024
-    on the plan copies FAR from COL. Each replay on new inputs, bit for bit the call's output."""
+    """On CUDA with the default `CALL_PLANS` ("cuda"), v3-base positions, bfloat16, 12 heads, d 64 (from N = 1024
+    on the plan copies FAR from COL): the signature's first calls made (`TIMED_CALLS` of them timed), one
+    recorded, the next replayed (and kept only where they save host time); every output bit for bit the call's
+    on the same inputs."""
     store = triton_plan.Plans(triton_backend._plan_settings)
     monkeypatch.setattr(triton_backend, "_PLANS", store)
-    c = Case(
-        n=n, batch=batch, heads=12, dim=64, rel=RelativeIndex(span=256, bucket_size=256, max_position=512)
-    )
-    for seed in range(4):
+    c = Case(n=n, batch=batch, heads=12, dim=64, rel=V3_BASE)
+    for seed in range(8):
         inputs = _values(c, torch.bfloat16, seed)
         assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs)), f"call {seed}"
-    assert _only_entry(store).plan is not None and store.hits == 2
+    assert store.recorded == 1 and store.hits >= triton_plan.TIMED_CALLS, _only_entry(store).refusal
+
+
+@pytest.mark.gpu
+def test_forward_backward_replays_at_real_sizes(monkeypatch):
+    """A training step's attention on CUDA (the forward's and the backward's bodies planned): output and every
+    gradient bit for bit those of the calls made, over eight steps."""
+    store = triton_plan.Plans(triton_backend._plan_settings)
+    monkeypatch.setattr(triton_backend, "_PLANS", store)
+    c = Case(n=512, batch=4, heads=12, dim=64, rel=V3_BASE)
+    for seed in range(8):
+        inputs = _values(c, torch.bfloat16, seed)
+        with monkeypatch.context() as m:
+            m.setattr(triton_backend, "CALL_PLANS", "off")
+            want = _forward_backward(c, inputs)
+        for a, b in zip(_forward_backward(c, inputs), want, strict=True):
+            assert torch.equal(a, b), f"step {seed}"
+    assert store.recorded == 2 and store.hits >= 2 * triton_plan.TIMED_CALLS
 
 
 def test_replays_write_new_buffers(plans):
@@ -123,76 +145,127 @@ def test_replays_write_new_buffers(plans):
 
 def test_a_plan_allocates_fills_and_launches_what_the_call_did(plans):
     """The default road at this signature: the distance tables' buffer (the zeros around the tables filled,
-    then each table NaN-poisoned, as in every test), the output and the logsumexp; the tables' product kernel,
-    then the forward kernel."""
+    then each table NaN-poisoned, as in every test), the tables' product kernel, the output and the logsumexp,
+    then the forward kernel; no other operation."""
     c, dtype = PLAN_GRID["no_far_tiles"]
     for seed in range(2):
         _call(c, _values(c, dtype, seed))
     plan = _only_entry(plans).plan
-    assert len(plan.buffers) == 3
-    fills, launches = plan.steps[:3], plan.steps[3:]
-    assert [str(f.value) for f in fills] == ["0", "nan", "nan"]
-    assert [step.kernel.__name__ for step in launches] == ["_distance_product_kernel", "_fwd_kernel"]
-    assert {plan.views[f.view].index for f in fills} == {0}  # the tables' buffer, allocated first
-    assert plan.views[plan.result].kind == "buffer"
+    kinds = [type(step).__name__ for step in plan.steps]
+    assert kinds == ["_Alloc", "_Fill", "_Fill", "_Fill", "_Launch", "_Alloc", "_Alloc", "_Launch"]
+    assert [str(plan.steps[i].value) for i in (1, 2, 3)] == ["0", "nan", "nan"]
+    assert [plan.steps[i].kernel.__name__ for i in (4, 7)] == ["_distance_product_kernel", "_fwd_kernel"]
+    inputs = 5  # q, k, v and the two tables: the roots after them are the allocations, in order
+    assert {plan.views[plan.steps[i].view].root for i in (1, 2, 3)} == {inputs}
+    out = plan.result.items[0]
+    assert plan.views[out.view].root == inputs + 1 and plan.result.items[1] is None
 
 
-@pytest.mark.parametrize(
-    "kwargs, geometry",
-    [
-        (dict(dropout_p=0.1), {}),
-        ({}, dict(key_mask=torch.ones(1, 24, dtype=torch.bool, device=DEVICE))),
-    ],
-    ids=["dropout", "key_mask"],
-)
-def test_calls_with_per_call_inputs_are_not_planned(plans, kwargs, geometry):
+def _leaves(inputs: tuple) -> list:
+    return [None if t is None else t.detach().requires_grad_() for t in inputs]
+
+
+def _forward_backward(c: Case, inputs: tuple, geom: Geometry | None = None, **kw) -> list:
+    """Output and the gradients of every input, after a forward and a backward with a fixed output gradient."""
+    leaves = _leaves(inputs)
+    geom = Geometry(causal=c.causal) if geom is None else geom
+    out, _ = triton_attention(*leaves, c.rel, geom, scale=0.3, terms=c.terms, **kw)
+    out.backward(torch.linspace(-1, 1, out.numel()).view(out.shape).to(out))
+    return [out.detach(), *(t.grad for t in leaves if t is not None)]
+
+
+@pytest.mark.parametrize("name", ["v3_buckets_bf16", "p2c_only", "d32"])
+def test_forwards_with_grad_and_backwards_are_replayed_from_their_bodies_plans(monkeypatch, plans, name):
+    """A forward with grad runs the autograd node (not planned as a call); its forward body and its backward are
+    planned each (keys "forward" and "backward"), and give the output and every gradient bit for bit."""
+    c, dtype = PLAN_GRID[name]
+    for seed in range(4):
+        inputs = _values(c, dtype, seed)
+        with monkeypatch.context() as m:
+            m.setattr(triton_backend, "CALL_PLANS", "off")
+            want = _forward_backward(c, inputs)
+        got = _forward_backward(c, inputs)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), f"call {seed}"
+    bodies = {key[0]: entries[0] for key, entries in plans.entries.items()}
+    assert set(bodies) == {"forward", "backward"}
+    assert all(entry.plan is not None for entry in bodies.values())
+    assert (plans.recorded, plans.hits) == (2, 4)
+
+
+@pytest.mark.parametrize("kind", ["key_mask", "dropout"])
+def test_calls_with_tensors_of_their_own_plan_the_forward_body(monkeypatch, plans, kind):
+    """A key mask (a geometry's tensors per call) or dropout (a seed drawn per call) leaves the call unplanned,
+    but its forward body takes them as inputs: planned, each replay on a new mask or seed the call's output."""
     c, dtype = PLAN_GRID["c2p_only"]
-    inputs = _values(c, dtype, 0)
-    for _ in range(3):
-        with torch.no_grad():
-            triton_attention(*inputs, c.rel, Geometry(**geometry), scale=0.3, terms=c.terms, **kwargs)
-    assert not plans.entries and plans.recorded == 0
+    for seed in range(4):
+        inputs = _values(c, dtype, seed)
+        mask = torch.rand(c.batch, c.n, generator=torch.Generator().manual_seed(seed)) > 0.3
+        geom = Geometry(key_mask=mask.to(DEVICE)) if kind == "key_mask" else Geometry()
+        kw = dict(dropout_p=0.2) if kind == "dropout" else {}
+        outs = []
+        for mode in ("off", "always"):
+            monkeypatch.setattr(triton_backend, "CALL_PLANS", mode)
+            torch.manual_seed(seed)  # the same dropout seed drawn both times
+            with torch.no_grad():
+                outs.append(triton_attention(*inputs, c.rel, geom, scale=0.3, terms=c.terms, **kw)[0])
+        assert torch.equal(*outs), f"call {seed}"
+    (key,) = plans.entries
+    assert key[0] == "forward" and plans.hits == 2
 
 
-def test_calls_that_want_gradients_or_run_under_autocast_are_not_planned(plans):
+def test_calls_under_autocast_or_a_dispatch_mode_are_not_planned(plans):
+    """Autocast: the body turns it off around its operations; a dispatch mode of the caller's (a probe counting
+    operations, `torch.library.opcheck`'s checks) would see a replay's few operations."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     c, dtype = PLAN_GRID["p2c_only"]
-    leaves = [t.requires_grad_() if t is not None else None for t in _values(c, dtype, 0)]
-    for _ in range(3):
-        out, _ = triton_attention(*leaves, c.rel, Geometry(), scale=0.3, terms=c.terms)
-        out.sum().backward()
-    with torch.autocast(DEVICE, dtype=torch.bfloat16), torch.no_grad():
+    inputs = _values(c, dtype, 0)
+    for context in (lambda: torch.autocast(DEVICE, dtype=torch.bfloat16), Probe):
         for _ in range(3):
-            triton_attention(*leaves, c.rel, Geometry(), scale=0.3, terms=c.terms)
+            with context(), torch.no_grad():
+                triton_attention(*inputs, c.rel, Geometry(), scale=0.3, terms=c.terms)
     assert not plans.entries
 
 
-@pytest.mark.parametrize("near_band", ["distance", "tables"])
-def test_calls_that_run_other_operations_run_as_before(monkeypatch, plans, near_band):
-    """Float32 tables, and the tables road's (`NEAR_BAND` "tables"), are products of matmuls: the recordings
-    are refused, naming the operation, `RECORDINGS` times, after which the signature is not recorded again;
-    every call's output is the call's own."""
+@pytest.mark.parametrize(
+    "dtype, near_band, operation",
+    [
+        (torch.float32, "distance", "aten.bmm.default"),
+        (torch.bfloat16, "tables", "aten.bmm.default"),
+        (torch.bfloat16, "skew", "aten.bmm.default"),
+    ],
+)
+def test_roads_with_other_operations_replay_them(monkeypatch, plans, dtype, near_band, operation):
+    """Float32 tables are products of matmuls, the tables road's too: the plan replays them as operations; the
+    skewed kernels read the position tables themselves, but for the products of the two saturated ends. Every
+    replay on new inputs is the call's output."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
-    c, dtype = PLAN_GRID["v1_clamp"][0], torch.float32
-    for seed in range(triton_plan.RECORDINGS + 3):
+    c = PLAN_GRID["v1_clamp"][0]
+    for seed in range(4):
         inputs = _values(c, dtype, seed)
-        assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs))
-    entry = _only_entry(plans)
-    assert entry.plan is None and plans.hits == 0
-    assert plans.recorded == triton_plan.RECORDINGS
-    assert entry.refusal.startswith("the call runs aten."), entry.refusal
+        assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs)), f"call {seed}"
+    plan = _only_entry(plans).plan
+    ops = {str(step.func) for step in plan.steps if type(step).__name__ == "_Op"}
+    assert operation in ops, ops
+    assert plans.hits == 2
 
 
-def test_padded_head_dims_plan_the_padded_call_inside(plans):
-    """Head dim 24 runs at 32 with zero columns (`F.pad`, a copy): the outer call is refused, the call it makes at
-    32 is planned."""
+def test_padded_head_dims_replay_the_padding(monkeypatch, plans):
+    """Head dim 24 runs at 32 with zero columns (`F.pad`) and is cut back: the plan of the outer call holds the
+    padding and the call it makes at 32 (not planned on its own while the outer one is recorded)."""
     c = dataclasses.replace(PLAN_GRID["c2p_only"][0], dim=24)
-    outs = [_call(c, _values(c, torch.bfloat16, seed)) for seed in range(8)]
-    assert all(o.shape[-1] == 24 for o in outs)
-    refusals = {e.refusal is not None for entries in plans.entries.values() for e in entries}
-    assert refusals == {True, False}
-    # the outer call: seen, then recorded three times (the inner call not planned meanwhile); the inner one:
-    # seen, recorded, then replayed
-    assert (plans.recorded, plans.hits) == (4, 3)
+    for seed in range(4):
+        inputs = _values(c, torch.bfloat16, seed)
+        want = _unplanned(monkeypatch, c, inputs)
+        got = _call(c, inputs)
+        assert got.shape[-1] == 24 and torch.equal(got, want)
+    (plan,) = [e.plan for entries in plans.entries.values() for e in entries if e.plan is not None]
+    assert "aten.constant_pad_nd.default" in {str(s.func) for s in plan.steps if type(s).__name__ == "_Op"}
 
 
 def test_plans_follow_the_module_settings(monkeypatch, plans):
@@ -206,7 +279,7 @@ def test_plans_follow_the_module_settings(monkeypatch, plans):
         for seed in range(3):
             inputs = _values(c, dtype, 10 + seed)
             assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs))
-    (entries,) = plans.entries.values()
+    (entries,) = [e for key, e in plans.entries.items() if key[0] != "forward"]
     launches = [sum(type(s).__name__ == "_Launch" for s in e.plan.steps) for e in entries]
     assert launches == [2, 3]
     hits = plans.hits
@@ -221,7 +294,7 @@ def test_tile_overrides_changed_in_place_are_seen(monkeypatch, plans):
     monkeypatch.setitem(triton_backend.TILE_OVERRIDES, "_fwd_kernel", triton_backend.Tiles(32, 16, 1, 1))
     inputs = _values(c, dtype, 5)
     assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs))
-    assert len(next(iter(plans.entries.values()))) == 2
+    assert len([e for key, e in plans.entries.items() if key[0] != "forward"][0]) == 2
 
 
 def test_a_launcher_patched_in_turns_plans_off(monkeypatch, plans):
@@ -266,36 +339,56 @@ def _record(fn, *inputs):
     return triton_plan.record(lambda: (fn(*inputs), None), inputs)
 
 
-def test_fills_and_launches_replay_in_their_order():
-    """A buffer filled between two launches: the first launch writes it whole, a fill zeros half of it, the second
-    reads it. Replayed on new inputs, the steps keep that order."""
+def test_operations_and_launches_replay_in_their_order():
+    """A buffer filled between two launches (the first writes it whole, a fill zeros half of it, the second reads
+    it), an operation's output read by a launch and written by another operation, a view of it returned:
+    replayed on new inputs, each step in its order, the result the call's."""
     double = _Kernel(lambda x, out: out.copy_(2 * x))
-    plus = _Kernel(lambda x, buf, out: out.copy_(x + buf))
+    plus = _Kernel(lambda x, buf, gram, out: out.copy_(x + buf + gram[:, :1]))
 
     def call(x):
         buf, out = torch.empty_like(x), torch.empty(x.shape)
         _launch(double, x, buf)
         buf[:, :2].zero_()
-        _launch(plus, x.t().t(), buf, out)
-        return out
+        gram = x @ x.t()
+        gram.add_(1)
+        _launch(plus, x.t().t(), buf, gram, out)
+        return out[1:], gram
 
     _, plan, refusal = _record(call, torch.randn(3, 4))
     assert refusal is None
     x = torch.randn(3, 4)
-    assert torch.equal(plan.run((x,)), call(x))
+    (got, got_gram), (want, want_gram) = plan.run((x,))[0], call(x)
+    assert torch.equal(got, want) and torch.equal(got_gram, want_gram)
+    assert got._base is not None  # a view, as the call's
 
 
 @pytest.mark.parametrize(
     "body, launches, reason",
     [
-        (lambda x: (x.zero_(), torch.empty(3))[1], True, "writes into a tensor the call did not allocate"),
-        (lambda x: x @ x.t(), True, "the call runs aten.mm"),
-        (lambda x: torch.rand(3), True, "the call runs aten"),
+        (lambda x: (x.zero_(), torch.empty(3))[1], True, "writes into a tensor the call did not make"),
+        (
+            lambda x: (_CONSTANT.add_(0), torch.empty(3))[1],
+            True,
+            "writes into a tensor the call did not make",
+        ),
+        (lambda x: torch.rand(3), True, "a replay would not repeat"),
+        (lambda x: x[x > 0], True, "a replay would not repeat"),
+        (lambda x: torch.empty(int(x.sum() > 0) + 1), True, "reads a value from aten._local_scalar_dense"),
         (lambda x: torch.empty(3, 4).view(torch.int32), True, "views a tensor as another dtype"),
         (lambda x: torch.empty(3, 4), False, "handed no launch"),
-        (lambda x: _CONSTANT, True, "result is not one of its inputs or buffers"),
+        (lambda x: _CONSTANT, True, "returns a tensor that is not one of its own"),
     ],
-    ids=["writes_an_input", "matmul", "random_draw", "dtype_view", "no_launch", "result_a_constant"],
+    ids=[
+        "writes_an_input",
+        "writes_a_kept_tensor",
+        "random_draw",
+        "shape_from_values",
+        "value_read",
+        "dtype_view",
+        "no_launch",
+        "result_a_kept_tensor",
+    ],
 )
 def test_recordings_refuse_what_a_replay_would_not_repeat(body, launches, reason):
     noop = _Kernel(lambda *args: None)
@@ -329,3 +422,42 @@ def test_every_launch_of_the_backend_goes_through_the_launcher():
     bypass = [line.strip() for line in bypass if "launcher(" not in line]
     assert bypass == ["_kernels()._keep_mask_kernel"]
     assert len(sites) >= 5
+
+
+@pytest.mark.parametrize("replay_us, kept", [(5, True), (20, False)])
+def test_timed_plans_are_kept_only_where_replays_save_host_time(monkeypatch, replay_us, kept):
+    """Where host time is what a plan saves (CUDA: ``timed``), `TIMED_CALLS` calls made and as many replays are
+    timed (a clock standing in here: each made call 10 µs, each replay ``replay_us``); a plan that saves nothing
+    is dropped and its signature runs as made from then on, not recorded again."""
+    noop = _Kernel(lambda *args: None)
+    ticks = []
+
+    class Clock:
+        def perf_counter(self):
+            return ticks.pop(0)
+
+    monkeypatch.setattr(triton_plan, "time", Clock())
+    store = triton_plan.Plans(lambda: ())
+    made = triton_plan.TIMED_CALLS
+
+    def call(x):
+        out = torch.empty_like(x)
+        _launch(noop, x, out)
+        return out, None
+
+    x = torch.randn(3)
+    store.call("key", (x,), lambda: call(x), timed=True)  # the first call: not timed
+    for _ in range(made):
+        ticks[:] = [0.0, 10e-6]
+        store.call("key", (x,), lambda: call(x), timed=True)
+    store.call("key", (x,), lambda: call(x), timed=True)  # recorded
+    for _ in range(made):
+        ticks[:] = [0.0, replay_us * 1e-6]
+        store.call("key", (x,), lambda: call(x), timed=True)
+    entry = store.entries["key"][0]
+    assert (entry.plan is not None) == kept and store.recorded == 1
+    if not kept:
+        assert entry.refusal == f"replayed in {replay_us} µs of host time, made in 10"
+    for _ in range(3):  # from here on untimed: the clock would run out
+        store.call("key", (x,), lambda: call(x), timed=True)
+    assert store.hits == made + (3 if kept else 0) and store.recorded == 1
