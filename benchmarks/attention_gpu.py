@@ -45,6 +45,9 @@ Sections (all bfloat16 on one CUDA device):
    without the host's work (on CPU, in smoke form, the calls themselves).
    ``triton (through the custom op)`` is ``triton`` with its eager calls dispatched through the custom ops, as
    compiled graphs run them (eager calls skip the ops' dispatch: `triton_backend._attention`).
+   ``triton (no call plans)`` is ``triton`` with every call made, none replayed from its signature's plan
+   (`triton_backend.CALL_PLANS` "off"; `triton_plan`), and ``triton (Triton's launch path)`` with its launches
+   through Triton's own path instead of the shorter one (`triton_launch.LAUNCH_PATH` "triton").
    ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.

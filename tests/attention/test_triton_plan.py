@@ -174,11 +174,18 @@ def _forward_backward(c: Case, inputs: tuple, geom: Geometry | None = None, **kw
     return [out.detach(), *(t.grad for t in leaves if t is not None)]
 
 
-@pytest.mark.parametrize("name", ["v3_buckets_bf16", "p2c_only", "d32"])
+TRAINING_GRID = {
+    "v1_clamp": (Case(n=24, rel=CLAMP), torch.bfloat16),  # (saturates at 8)
+    "p2c_only": PLAN_GRID["p2c_only"],
+    "d32": PLAN_GRID["d32"],
+}
+
+
+@pytest.mark.parametrize("name", list(TRAINING_GRID))
 def test_forwards_with_grad_and_backwards_are_replayed_from_their_bodies_plans(monkeypatch, plans, name):
     """A forward with grad runs the autograd node (not planned as a call); its forward body and its backward are
     planned each (keys "forward" and "backward"), and give the output and every gradient bit for bit."""
-    c, dtype = PLAN_GRID[name]
+    c, dtype = TRAINING_GRID[name]
     for seed in range(4):
         inputs = _values(c, dtype, seed)
         with monkeypatch.context() as m:
@@ -190,6 +197,8 @@ def test_forwards_with_grad_and_backwards_are_replayed_from_their_bodies_plans(m
     bodies = {key[0]: entries[0] for key, entries in plans.entries.items()}
     assert set(bodies) == {"forward", "backward"}
     assert all(entry.plan is not None for entry in bodies.values())
+    # (each of the three saturates: FAR copied from COL's saturated cells, replayed)
+    assert sum(type(step).__name__ == "_Copy" for step in bodies["forward"].plan.steps) == 1
     assert (plans.recorded, plans.hits) == (2, 4)
 
 
