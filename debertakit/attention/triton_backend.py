@@ -1999,15 +1999,21 @@ def _planned_bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config) -> t
 def _body_key(body: str, inputs: tuple, scale: float, config: list[int]) -> tuple | None:
     """The signature of a call of an op's body (``body``: "forward" or "backward") for `triton_plan`, or None where
     it is not planned (see `_plan_key`; every tensor it reads is among ``inputs``, the geometry's too)."""
+    if not _plannable(inputs):
+        return None
+    return (body, inputs[0].device, float(scale), tuple(config), *map(triton_plan.tensor_key, inputs))
+
+
+def _plannable(inputs: tuple) -> bool:
+    """Whether a call on ``inputs`` (tensors and None, the first a tensor) may be planned: its launches go through
+    `triton_launch.launcher` (through one patched in they would not reach the recorder), `triton_plan.serves` its
+    device in `CALL_PLANS`' mode, no input is of a tensor subclass, and no gradient would be recorded."""
+    if launcher is not triton_launch.launcher or not triton_plan.serves(inputs[0].device, _plan_mode()):
+        return False
     present = [t for t in inputs if t is not None]
-    device = present[0].device
-    if launcher is not triton_launch.launcher or not triton_plan.serves(device, _plan_mode()):
-        return None
     if any(type(t) is not Tensor for t in present):
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
-        return None
-    return (body, device, float(scale), tuple(config), *map(triton_plan.tensor_key, inputs))
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in present))
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -2173,8 +2179,9 @@ def triton_attention(
     return_probs: bool = False,
 ) -> tuple[Tensor, None]:
     """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`
-    (with dropout, the mask is the kernels' own: see `dropout_keep_mask`). A forward without gradients on a
-    geometry of shapes alone is replayed from its signature's plan where it has one (`triton_plan`)."""
+    (with dropout, the mask is the kernels' own: see `dropout_keep_mask`). Calls are replayed from their
+    signatures' plans where they have them (`triton_plan`): a whole forward without gradients on a geometry of
+    shapes alone (`_plan_key`), the forward's and the backward's bodies otherwise (`_planned_forward`)."""
 
     def call() -> tuple[Tensor, None]:
         return _triton_attention(
@@ -2196,22 +2203,14 @@ def _plan_key(
     dropout_p: float,
     return_probs: bool,
 ) -> tuple | None:
-    """A call's signature for `triton_plan` (see there), or None where it is not planned: dropout (a seed drawn
-    per call), attention probabilities, a geometry whose inputs are not the shapes' alone (masks, segments,
-    positions: tensors per call), a gradient wanted, an input of a tensor subclass, or `triton_plan.serves` says
-    no. The relative mapping by value (what the cached lookup tables are built from)."""
-    q = inputs[0]
-    if dropout_p != 0 or return_probs or not geom.depends_on_shapes_alone():
+    """A whole call's signature for `triton_plan` (see there), or None where it is not planned as a whole:
+    dropout (a seed drawn per call), attention probabilities, a geometry whose inputs are not the shapes' alone
+    (masks, segments, positions: tensors per call; its bodies are planned then, `_planned_forward`), or not
+    `_plannable`. The relative mapping by value (what the cached lookup tables are built from)."""
+    if dropout_p != 0 or return_probs or not geom.depends_on_shapes_alone() or not _plannable(inputs):
         return None
-    # (launches through a `launcher` patched in would not reach the recorder)
-    if launcher is not triton_launch.launcher or not triton_plan.serves(q.device, _plan_mode()):
-        return None
-    present = [t for t in inputs if t is not None]
-    if any(type(t) is not Tensor for t in present):
-        return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in present):
-        return None
-    return (q.device, float(scale), terms, rel, bool(geom.causal), *map(triton_plan.tensor_key, inputs))
+    key = (inputs[0].device, float(scale), terms, rel, bool(geom.causal))
+    return (*key, *map(triton_plan.tensor_key, inputs))
 
 
 # Where a call's host work is planned (`triton_plan`): "cuda" (CUDA tensors), "always" (the interpreter too),
