@@ -22,7 +22,8 @@ where an operation's result would not be repeated by a replay (a random draw, a 
 shape that follows from values: `torch.Tag` says which), it writes into a tensor it did not make (an input, a
 kept tensor), it views a tensor as another dtype, hands no launch to the recorder, or returns a tensor not of
 its own. A signature's first call is not recorded (it may build what the caches keep), and one that cannot be
-planned is recorded `RECORDINGS` times at most.
+planned is recorded `RECORDINGS` times at most. Where host time is what a plan saves (CUDA), a plan is kept only
+where its first replays took less of it than calls made (`TIMED_CALLS`).
 
 The backend plans at two levels (`triton_backend`): whole calls without gradients on a geometry of shapes alone
 (`triton_attention`: the key holds each input's shape, strides, dtype, storage offset and 16-byte alignment, the
