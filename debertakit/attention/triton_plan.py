@@ -67,8 +67,9 @@ RECORDINGS = 3
 TIMED_CALLS = 2
 
 _aten = torch.ops.aten
-# operations a replay repeats without PyTorch's dispatch of the recorded call (`_Alloc`, `_Fill`, `_Copy`): the
-# allocations, their fills with a value (the value's argument, or 0), and copies
+# operations a replay makes directly (`_Alloc`, `_Fill`, `_Copy`), not as the recorded ATen call with its
+# arguments rebuilt (`_Op`): the allocations, those filled with a value (the value's argument, or 0), the fills
+# and copies
 _ALLOCATIONS = {
     _aten.empty.memory_format,
     _aten.empty_like.default,
@@ -84,14 +85,15 @@ _FILLED = {
     _aten.full_like.default: 1,
 }
 _FILLS = {_aten.zero_.default: None, _aten.fill_.Scalar: 1}
-# operations whose outputs' shapes follow from the values: a replay could not repeat them, but for an index by
-# integer tensors (a gather: the shape follows from the indices' shapes)
-_STATIC_INDEX = _aten.index.Tensor
+# what a replay could not repeat, by the operations' tags: a random draw (it would draw again), a value read
+# from the device, an output whose shape follows from values; but for an index by integer tensors (a gather:
+# its shape follows from the indices' shapes)
 _REFUSED_TAGS = (
-    torch.Tag.nondeterministic_seeded,  # random draws: a replay would draw again
-    torch.Tag.data_dependent_output,  # a value read from the device
+    torch.Tag.nondeterministic_seeded,
+    torch.Tag.data_dependent_output,
     torch.Tag.dynamic_output_shape,
 )
+_STATIC_INDEX = _aten.index.Tensor
 
 
 def serves(device: torch.device, mode: str) -> bool:
