@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import platform
@@ -49,6 +50,9 @@ ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "di
 # the distance road with the position tables as the model passes them (`RelativeIndex.window`'s rows, (R, H, d)
 # projections viewed per head by `split_heads`); the other rows pass whole contiguous tables, as a direct caller
 MODEL_TABLES = "distance, the model's tables"
+# the distance road with a key mask (a padded batch, as the model's geometry holds one where an attention mask is
+# given): the call is not planned as a whole, its forward's and backward's bodies are
+KEY_MASK = "distance, a key mask"
 
 
 def planned() -> contextlib.ExitStack:
@@ -97,13 +101,13 @@ def fill_defaults_us(reps: int) -> list[dict]:
 
 
 def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, dim: int = 64) -> dict:
-    """The backend's host time per call on ``road`` (``ROADS`` or `MODEL_TABLES`), kernels not launched: forward
-    without grad, with grad, and forward+backward; the geometry shared across calls, as the model's layers share
-    it."""
+    """The backend's host time per call on ``road`` (``ROADS``, `MODEL_TABLES` or `KEY_MASK`), kernels not
+    launched: forward without grad, with grad, and forward+backward; the geometry shared across calls, as the
+    model's layers share it."""
     from debertakit.model.layers import split_heads
 
     model_tables = road == MODEL_TABLES
-    near_band, terms_on = ROADS["distance" if model_tables else road]
+    near_band, terms_on = ROADS["distance" if road in (MODEL_TABLES, KEY_MASK) else road]
     rel = V3_BASE
     lo, hi = rel.window(n) if model_tables else (0, rel.table_rows)
     rel = rel.shifted(lo)
@@ -123,6 +127,8 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
         return q, k, v, *tables
 
     geom = Geometry()
+    if road == KEY_MASK:  # the second row's last quarter padding
+        geom.key_mask = torch.arange(n)[None].expand(batch, n) < torch.tensor([n, n - n // 4])[:, None]
     patches = dict(_kernels=_NoLaunch, _products=_NoLaunch, NEAR_BAND=near_band, tiles_for=gpu_tiles_for())
 
     def call(args, geometry=geom):
@@ -144,7 +150,7 @@ def call_us(road: str, reps: int, n: int = 64, batch: int = 2, heads: int = 2, d
 
         def forward_new_geometry():  # what a model's forward pays once, in its first layer
             with torch.no_grad():
-                call(plain, Geometry())
+                call(plain, dataclasses.replace(geom))  # (the same masks, nothing derived yet)
 
         forward_no_grad()  # the mapping's lookup tables exist from here on, as after a model's first forward
         # through the custom op, which the recorder sees as one op (eager calls run its body without it)
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = host_arguments(argv, __doc__.split("\n\n")[0], 300, OUT)
     with one_thread():
         ops = fill_defaults_us(args.reps)
-        calls = [call_us(road, args.reps) for road in (*ROADS, MODEL_TABLES)]
+        calls = [call_us(road, args.reps) for road in (*ROADS, MODEL_TABLES, KEY_MASK)]
     print(table(ops, calls))
     result = dict(
         environment=host_environment("triton_dispatch.py", argv),

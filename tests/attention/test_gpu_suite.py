@@ -330,6 +330,7 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
         "tables",
         "distance",
         "distance, the model's tables",
+        "distance, a key mask",
     ]
     # every launch of a forward and a forward+backward on the distance road, through Triton's own launch path
     # (a JIT function's, though this process runs the interpreter): the forward's two kernels, the backward's

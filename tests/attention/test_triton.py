@@ -4525,10 +4525,14 @@ def test_dispatch_benchmark_times_the_host_side_of_a_call(tmp_path, capsys):
         "disentangled_attention_fwd",
         "disentangled_attention_bwd",
     ]
-    assert [r["road"] for r in result["calls"]] == [*bench.ROADS, bench.MODEL_TABLES]
+    assert [r["road"] for r in result["calls"]] == [*bench.ROADS, bench.MODEL_TABLES, bench.KEY_MASK]
     for r in result["calls"]:
         assert 0 < r["forward_no_grad_us"] and 0 < r["forward_with_grad_us"] < r["forward_backward_us"]
-        assert r["forward_new_geometry_us"] > 0
+        assert r["forward_new_geometry_us"] > 0 and r["forward_planned_us"] > 0
+        assert r["forward_backward_planned_us"] > 0
+    # a masked geometry's inputs are built once per geometry: ops on a new one, none on the same
+    masked = result["calls"][-1]
+    assert masked["ops_new_geometry"] > 0 and masked["ops_same_geometry"] == 0
     assert "| custom op | schema arguments |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--reps 0: expected a positive count"):
         bench.main(["--reps", "0", "--out", str(out)])
