@@ -2184,10 +2184,7 @@ def triton_attention(
     shapes alone (`_plan_key`), the forward's and the backward's bodies otherwise (`_planned_forward`)."""
 
     def call() -> tuple[Tensor, None]:
-        return _triton_attention(
-            q, k, v, pos_q, pos_k, rel, geom, scale=scale, terms=terms, dropout_p=dropout_p,
-            return_probs=return_probs,
-        )  # fmt: skip
+        return _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_probs)
 
     inputs = (q, k, v, pos_q, pos_k)
     key = _plan_key(inputs, rel, geom, scale, terms, dropout_p, return_probs)
@@ -2233,21 +2230,8 @@ _GLOBALS = globals()
 _PLANS = triton_plan.Plans(_plan_settings)
 
 
-def _triton_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    pos_q: Tensor | None,
-    pos_k: Tensor | None,
-    rel: RelativeIndex | None,
-    geom: Geometry,
-    *,
-    scale: float,
-    terms: PositionTerms,
-    dropout_p: float = 0.0,
-    return_probs: bool = False,
-) -> tuple[Tensor, None]:
-    """`triton_attention` without plans."""
+def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_probs) -> tuple[Tensor, None]:
+    """`triton_attention` (its arguments, in its order) made, not replayed from a plan."""
     drop_t = drop_threshold(dropout_p)  # checks 0 <= p < 1
     if return_probs:
         raise ValueError("the triton backend does not return attention probabilities")

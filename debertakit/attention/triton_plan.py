@@ -98,14 +98,12 @@ _STATIC_INDEX = _aten.index.Tensor
 
 def serves(device: torch.device, mode: str) -> bool:
     """Whether calls on ``device`` are planned in ``mode`` (one of `MODES`), in this context: not under
-    ``torch.compile``, while a CUDA graph is captured, under autocast, inside a call being recorded, nor under a
-    dispatch mode of the caller's (a probe counting operations, `torch.library.opcheck`'s checks: they would see
-    a replay's few operations, or the recording's mode beneath theirs)."""
+    ``torch.compile``, while a CUDA graph is captured, under autocast, nor under a dispatch mode: a caller's (a
+    probe counting operations, `torch.library.opcheck`'s checks: they would see a replay's few operations, or the
+    recording's mode beneath theirs), or the recorder's own (a call made inside a call being recorded)."""
     if mode == "off" or (mode == "cuda" and device.type != "cuda"):
         return False
-    if triton_launch.recorder() is not None or torch.compiler.is_compiling():
-        return False
-    if torch._C._len_torch_dispatch_stack():
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
     autocast = torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
     return not autocast and not capturing_cuda_graph()
