@@ -51,7 +51,7 @@ ROADS = {"no position terms": ("tables", False), "tables": ("tables", True), "di
 # projections viewed per head by `split_heads`); the other rows pass whole contiguous tables, as a direct caller
 MODEL_TABLES = "distance, the model's tables"
 # the distance road with a key mask (a padded batch, as the model's geometry holds one where an attention mask is
-# given): the call is not planned as a whole, its forward's and backward's bodies are
+# given): the call without grad planned as a whole, the geometry's tensors among the plan's inputs
 KEY_MASK = "distance, a key mask"
 
 

@@ -1974,8 +1974,8 @@ def _attention(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tenso
 
 def _planned_forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor, _PositionInputs]:
     """`_forward`, replayed from its signature's plan where it has one (`triton_plan`): an eager forward with
-    grad, or one without whose call was not planned as a whole (a geometry with masks: its tensors are among the
-    body's inputs here)."""
+    grad, or one without whose call was not planned as a whole (dropout: the seed is among the body's inputs
+    here)."""
 
     def call():
         return _forward(q, k, v, pos_q, pos_k, aux, scale, config)
@@ -1998,7 +1998,7 @@ def _planned_bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config) -> t
 
 def _body_key(body: str, inputs: tuple, scale: float, config: list[int]) -> tuple | None:
     """The signature of a call of an op's body (``body``: "forward" or "backward") for `triton_plan`, or None where
-    it is not planned (see `_plan_key`; every tensor it reads is among ``inputs``, the geometry's too)."""
+    it is not planned (see `_planned_call`; every tensor it reads is among ``inputs``, the geometry's too)."""
     if not _plannable(inputs):
         return None
     return (body, inputs[0].device, float(scale), tuple(config), *map(triton_plan.tensor_key, inputs))
@@ -2100,6 +2100,14 @@ def _geometry_inputs(
     return _build_geometry_inputs(geom, B, NQ, NK, device)
 
 
+def _geometry_tensors(
+    geom: Geometry, B: int, NQ: int, NK: int, device: torch.device
+) -> tuple[Tensor | None, ...]:
+    """`_geometry_inputs`, built once per geometry (`Geometry.cached`): a forward's layers after the first share
+    them."""
+    return geom.cached(("triton", B, NQ, NK, device), lambda: _geometry_inputs(geom, B, NQ, NK, device))
+
+
 def _build_geometry_inputs(
     geom: Geometry, B: int, NQ: int, NK: int, device: torch.device
 ) -> tuple[Tensor | None, ...]:
@@ -2180,18 +2188,20 @@ def triton_attention(
 ) -> tuple[Tensor, None]:
     """Disentangled attention with the fused Triton kernels; same signature and result as `eager_attention`
     (with dropout, the mask is the kernels' own: see `dropout_keep_mask`). Calls are replayed from their
-    signatures' plans where they have them (`triton_plan`): a whole forward without gradients on a geometry of
-    shapes alone (`_plan_key`), the forward's and the backward's bodies otherwise (`_planned_forward`)."""
+    signatures' plans where they have them (`triton_plan`): a whole forward without gradients
+    (`_planned_call`), the forward's and the backward's bodies otherwise (`_planned_forward`)."""
 
     def call() -> tuple[Tensor, None]:
         return _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_probs)
 
-    inputs = (q, k, v, pos_q, pos_k)
-    key = _plan_key(inputs, rel, geom, scale, terms, dropout_p, return_probs)
-    return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
+    planned = _planned_call((q, k, v, pos_q, pos_k), rel, geom, scale, terms, dropout_p, return_probs)
+    if planned is None:
+        return call()
+    key, inputs = planned
+    return _PLANS.call(key, inputs, call, timed=q.is_cuda)
 
 
-def _plan_key(
+def _planned_call(
     inputs: tuple[Tensor | None, ...],
     rel: RelativeIndex | None,
     geom: Geometry,
@@ -2199,15 +2209,28 @@ def _plan_key(
     terms: PositionTerms,
     dropout_p: float,
     return_probs: bool,
-) -> tuple | None:
-    """A whole call's signature for `triton_plan` (see there), or None where it is not planned as a whole:
-    dropout (a seed drawn per call), attention probabilities, a geometry whose inputs are not the shapes' alone
-    (masks, segments, positions: tensors per call; its bodies are planned then, `_planned_forward`), or not
-    `_plannable`. The relative mapping by value (what the cached lookup tables are built from)."""
-    if dropout_p != 0 or return_probs or not geom.depends_on_shapes_alone() or not _plannable(inputs):
+) -> tuple[tuple, tuple] | None:
+    """A whole call's signature for `triton_plan` (see there) and the plan's inputs, or None where it is not
+    planned as a whole: dropout (a seed drawn per call: its bodies are planned then, `_planned_forward`),
+    attention probabilities or a dense mask (refused by the call), or not `_plannable`. The relative mapping by
+    value (what the cached lookup tables are built from).
+
+    A geometry whose inputs are the shapes' alone adds its causality; their tensors are the same for every call
+    of the shapes (kept by the plan). Any other (a key mask, packed segments, explicit positions) adds the
+    tensors the kernels read of it (`_geometry_tensors`) to the plan's inputs, built here, before the plan (a
+    geometry's first call would otherwise be recorded building them, and one recorded later would keep another
+    geometry's), and to the key what the call decides from it on the host: causality, distance ``i - j``,
+    explicit positions, packing and the longest distance (the cut of the tables, far tiles)."""
+    if dropout_p != 0 or return_probs or geom.dense is not None or not _plannable(inputs):
         return None
     key = (inputs[0].device, float(scale), terms, rel, bool(geom.causal))
-    return (*key, *map(triton_plan.tensor_key, inputs))
+    if not geom.depends_on_shapes_alone():
+        q, k = inputs[0], inputs[1]
+        inputs += _geometry_tensors(geom, q.shape[0], q.shape[2], k.shape[2], q.device)
+        explicit = geom.q_positions is not None or geom.k_positions is not None
+        packed = geom.cu_seqlens is not None
+        key += (geom.distance_is_i_minus_j(), explicit, packed, geom.max_distance(q.shape[2], k.shape[2]))
+    return (*key, *map(triton_plan.tensor_key, inputs)), inputs
 
 
 # Where a call's host work is planned (`triton_plan`): "cuda" (CUDA tensors), "always" (the interpreter too),
@@ -2265,9 +2288,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
         return out[..., :D], None
     device = q.device
     ij = geom.distance_is_i_minus_j()
-    q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = geom.cached(
-        ("triton", B, NQ, NK, device), lambda: _geometry_inputs(geom, B, NQ, NK, device)
-    )
+    q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = _geometry_tensors(geom, B, NQ, NK, device)
     explicit = geom.q_positions is not None or geom.k_positions is not None
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3

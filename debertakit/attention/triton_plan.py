@@ -25,12 +25,13 @@ its own. A signature's first call is not recorded (it may build what the caches 
 planned is recorded `RECORDINGS` times at most. Where host time is what a plan saves (CUDA), a plan is kept only
 where its first replays took less of it than calls made (`TIMED_CALLS`).
 
-The backend plans at two levels (`triton_backend`): whole calls without gradients on a geometry of shapes alone
-(`triton_attention`: the key holds each input's shape, strides, dtype, storage offset and 16-byte alignment, the
-device, the scale, the position terms, the relative-position mapping by value and causality), and the bodies of
-the forward and the backward (`_planned_forward`, `_planned_bwd`: every tensor they read is an input, the
-geometry's and the dropout seed among them, so masked, packed and dropout calls and training steps are planned
-there). Its module settings are compared at every call (``settings`` of `Plans`: the module's globals by value,
+The backend plans at two levels (`triton_backend`): whole calls without gradients or dropout
+(`triton_attention`, `_planned_call`: the key holds each input's shape, strides, dtype, storage offset and 16-byte
+alignment, the device, the scale, the position terms, the relative-position mapping by value and causality; a
+geometry with masks, packed rows or explicit positions adds its tensors to the inputs and what the call decides
+from it on the host to the key), and the bodies of the forward and the backward (`_planned_forward`,
+`_planned_bwd`: every tensor they read is an input, the geometry's and the dropout seed among them, so dropout
+calls and training steps are planned there). Its module settings are compared at every call (``settings`` of `Plans`: the module's globals by value,
 so a setting or a function patched in is seen, a dict changed in place is not, but for the tile overrides). Not
 planned: calls under ``torch.compile`` (the compiled graph's custom ops run their bodies unplanned), while a CUDA
 graph is captured, under autocast, under a dispatch mode of the caller's, or where a gradient would be recorded.

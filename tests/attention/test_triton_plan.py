@@ -20,6 +20,7 @@ from debertakit.attention import (  # noqa: E402
     Geometry,
     PositionTerms,
     RelativeIndex,
+    packed_geometry,
     triton_backend,
     triton_launch,
     triton_plan,
@@ -202,22 +203,108 @@ def test_forwards_with_grad_and_backwards_are_replayed_from_their_bodies_plans(m
     assert (plans.recorded, plans.hits) == (2, 4)
 
 
-@pytest.mark.parametrize("kind", ["key_mask", "dropout"])
-def test_calls_with_tensors_of_their_own_plan_the_forward_body(monkeypatch, plans, kind):
-    """A key mask (a geometry's tensors per call) or dropout (a seed drawn per call) leaves the call unplanned,
-    but its forward body takes them as inputs: planned, each replay on a new mask or seed the call's output."""
+def _masked_geometry(name: str, c: Case, seed: int) -> Geometry:
+    """A new geometry of `MASKED_GRID`'s kind ``name`` for call ``seed``: other masks, sequence boundaries or
+    positions each call, what the plan's key holds of them the same (the packed rows' longest sequence, 16)."""
+    g = torch.Generator().manual_seed(seed)
+    if name.startswith("key_mask"):
+        mask = torch.rand(c.batch, c.n, generator=g) > 0.3
+        return Geometry(key_mask=mask.to(DEVICE), causal=c.causal)
+    if name == "packed":
+        a = 8 + seed  # sequences of 16, a and 24 - a tokens
+        geom, _ = packed_geometry(torch.tensor([0, 16, 16 + a, 40], device=DEVICE), c.n, causal=c.causal)
+        return geom
+    offset = int(torch.randint(0, 30, (), generator=g))  # queries at offset + i, keys at j
+    n_k = c.n_k or c.n
+    return Geometry(
+        q_positions=(offset + torch.arange(c.n))[None].to(DEVICE),
+        k_positions=torch.arange(n_k)[None].to(DEVICE),
+    )
+
+
+MASKED_GRID = {
+    "key_mask": (Case(n=24, batch=2, terms=PositionTerms(c2p=True, p2c=False)), torch.bfloat16),
+    "key_mask_causal_v1": (Case(n=24, batch=2, rel=CLAMP, causal=True), torch.float16),
+    "packed": (Case(n=40, causal=True), torch.bfloat16),
+    "explicit_positions": (Case(n=12, n_k=30), torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKED_GRID))
+def test_calls_on_geometries_with_tensors_are_planned_as_a_whole(monkeypatch, plans, name):
+    """A key mask, packed segments or explicit positions: tensors per geometry (a model's forward), which the
+    whole call's plan takes among its inputs. Each call on a new geometry (its tensors built before the plan,
+    never recorded) and new inputs gives bit for bit the call without plans; the plan replays none of the
+    operations that build the geometry's block ranges (`_key_ranges`)."""
+    c, dtype = MASKED_GRID[name]
+    for seed in range(4):
+        inputs = _values(c, dtype, seed)
+        geom = _masked_geometry(name, c, seed)
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setattr(triton_backend, "CALL_PLANS", "off")
+            want, _ = triton_attention(*inputs, c.rel, dataclasses.replace(geom), scale=0.3, terms=c.terms)
+        with torch.no_grad():
+            got, _ = triton_attention(*inputs, c.rel, geom, scale=0.3, terms=c.terms)
+        assert torch.equal(got, want), f"call {seed}"
+    entry = _only_entry(plans)
+    assert entry.refusal is None and (plans.recorded, plans.hits) == (1, 2)
+    replayed = {step.func for step in entry.plan.steps if isinstance(step, triton_plan._Op)}
+    assert not replayed & _RANGE_OPS, replayed
+
+
+_aten = torch.ops.aten
+_RANGE_OPS = {_aten.minimum.default, _aten.maximum.default, _aten.where.self, _aten.min.dim, _aten.max.dim}
+
+
+def _packed(cu_seqlens: list[int], n: int) -> Geometry:
+    return packed_geometry(torch.tensor(cu_seqlens, device=DEVICE), n)[0]
+
+
+def test_what_a_call_decides_from_its_geometry_is_in_the_key(monkeypatch, plans):
+    """Geometries whose tensors' shapes agree but whose calls differ on the host: explicit positions (the tables
+    road) beside default ones, packed rows whose longest sequences differ (the tables cut elsewhere). Each gets a
+    plan of its own, and every call (three each, interleaved: made, recorded, replayed) gives the call's output
+    without plans."""
+    c, dtype = MASKED_GRID["packed"]
+    mask = (torch.arange(c.n) < 30)[None].to(DEVICE)
+    arange = torch.arange(c.n)[None].to(DEVICE)
+    geometries = {
+        "key mask": lambda: Geometry(key_mask=mask),
+        "key mask, explicit positions": lambda: Geometry(
+            key_mask=mask, q_positions=5 + arange, k_positions=arange
+        ),
+        # (the tables cut at distance 12 and 8, these positions saturating at 16: a plan cut at 8 would be
+        # wrong for the first)
+        "packed, 12 the longest": lambda: _packed([0, 12, 24, 36, 40], c.n),
+        "packed, 8 the longest": lambda: _packed([0, 8, 16, 24, 32, 40], c.n),
+    }
+    for seed in range(3):
+        for name, geometry in geometries.items():
+            inputs = _values(c, dtype, seed)
+            with monkeypatch.context() as m, torch.no_grad():
+                m.setattr(triton_backend, "CALL_PLANS", "off")
+                want, _ = triton_attention(*inputs, c.rel, geometry(), scale=0.3, terms=c.terms)
+            with torch.no_grad():
+                got, _ = triton_attention(*inputs, c.rel, geometry(), scale=0.3, terms=c.terms)
+            assert torch.equal(got, want), f"{name}, call {seed}"
+    whole = [key for key in plans.entries if key[0] not in ("forward", "backward")]
+    assert len(whole) == len(geometries) and plans.hits == len(geometries)
+
+
+def test_calls_with_dropout_plan_the_forward_body(monkeypatch, plans):
+    """Dropout (a seed drawn per call) leaves the call unplanned, but its forward body takes the seed as an
+    input: planned, each replay on a new seed the call's output."""
     c, dtype = PLAN_GRID["c2p_only"]
     for seed in range(4):
         inputs = _values(c, dtype, seed)
-        mask = torch.rand(c.batch, c.n, generator=torch.Generator().manual_seed(seed)) > 0.3
-        geom = Geometry(key_mask=mask.to(DEVICE)) if kind == "key_mask" else Geometry()
-        kw = dict(dropout_p=0.2) if kind == "dropout" else {}
         outs = []
         for mode in ("off", "always"):
             monkeypatch.setattr(triton_backend, "CALL_PLANS", mode)
             torch.manual_seed(seed)  # the same dropout seed drawn both times
             with torch.no_grad():
-                outs.append(triton_attention(*inputs, c.rel, geom, scale=0.3, terms=c.terms, **kw)[0])
+                outs.append(
+                    triton_attention(*inputs, c.rel, Geometry(), scale=0.3, terms=c.terms, dropout_p=0.2)[0]
+                )
         assert torch.equal(*outs), f"call {seed}"
     (key,) = plans.entries
     assert key[0] == "forward" and plans.hits == 2
