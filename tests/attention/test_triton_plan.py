@@ -557,3 +557,37 @@ def test_timed_plans_are_kept_only_where_replays_save_host_time(monkeypatch, rep
     for _ in range(3):  # from here on untimed: the clock would run out
         store.call("key", (x,), lambda: call(x), timed=True)
     assert store.hits == made + (3 if kept else 0) and store.recorded == 1
+
+
+def _tiny_model(preset: str):
+    import debertakit
+
+    cfg = debertakit.DebertaConfig.preset(
+        preset, hidden_dropout=0.0, attention_dropout=0.0, attention_backend="triton"
+    )
+    torch.manual_seed(0)
+    return debertakit.build_model(cfg, "base").to(DEVICE).eval()
+
+
+@pytest.mark.parametrize("inputs", ["padded", "packed"])
+def test_the_model_s_forwards_are_replayed_bit_for_bit(monkeypatch, plans, inputs):
+    """The model's own calls (tiny v3: head dim 8, padded to the kernels' 16): four forwards, each on new token
+    ids and a new padding mask (or packed row), the same layers' calls in each, against the model without plans:
+    every hidden state bit for bit, and the later forwards' calls replayed."""
+    model = _tiny_model("tiny-v3")
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        ids = torch.randint(4, 128, (2, 24), generator=g).to(DEVICE)
+        if inputs == "padded":
+            mask = (torch.arange(24)[None] < torch.tensor([[24], [10 + 3 * step]])).to(DEVICE, torch.long)
+            kw = dict(input_ids=ids, attention_mask=mask)
+        else:  # one row, sequences of 20, 8 + step and 20 - step tokens (the longest, 20, in the plan's key)
+            cu = torch.tensor([0, 20, 28 + step, 48], device=DEVICE)
+            kw = dict(input_ids=ids.reshape(1, 48), cu_seqlens=cu)
+        with torch.no_grad():
+            with monkeypatch.context() as m:
+                m.setattr(triton_backend, "CALL_PLANS", "off")
+                want = model(**kw).last_hidden_state
+            got = model(**kw).last_hidden_state
+        assert torch.equal(got, want), f"forward {step}"
+    assert (plans.recorded, plans.hits) == (1, 6)  # of the eight calls, the first made, the second recorded
