@@ -39,6 +39,7 @@ graph is captured, under autocast, under a dispatch mode of the caller's, or whe
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -144,10 +145,17 @@ class _Node(NamedTuple):
 
 def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
     """``x`` with each tensor of the call (``slot`` gives its view number, None for a kept tensor) a `_Slot`, and
-    its tuples, lists, named tuples and dicts `_Node`s; anything else kept as it is."""
+    its tuples, lists, named tuples, dicts and dataclass instances (a tensor descriptor of Triton's, which holds
+    its base tensor) `_Node`s; anything else kept as it is."""
     if isinstance(x, Tensor):
         at = slot(x)
         return x if at is None else _Slot(at)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = tuple(f.name for f in dataclasses.fields(x) if f.init)
+        return _Node(
+            lambda values, x=x, names=names: dataclasses.replace(x, **dict(zip(names, values))),
+            tuple(_template(getattr(x, name), slot) for name in names),
+        )
     if isinstance(x, dict):
         keys = tuple(x)
         return _Node(
@@ -181,8 +189,9 @@ class _Op(NamedTuple):
 
 class _Launch(NamedTuple):
     """A recorded launch: ``kernel[grid](*args, **kwargs)`` with the tensors of the call at ``arg_slots``
-    (position, view number) and ``kwarg_slots`` (name, view number) filled in at replay; ``key``, the launch's key
-    on the shorter path (`triton_launch.Cached.key`; None off it)."""
+    (position, view number) and ``kwarg_slots`` (name, view number) filled in at replay, and the arguments that
+    hold such tensors (a tensor descriptor) rebuilt from their `_template`s at ``arg_nodes`` (position,
+    template); ``key``, the launch's key on the shorter path (`triton_launch.Cached.key`; None off it)."""
 
     kernel: Any
     grid: Any
@@ -190,6 +199,7 @@ class _Launch(NamedTuple):
     kwargs: dict
     arg_slots: tuple[tuple[int, int], ...]
     kwarg_slots: tuple[tuple[str, int], ...]
+    arg_nodes: tuple[tuple[int, _Node], ...]
     key: tuple | None
 
 
@@ -276,6 +286,8 @@ def _launch(launch: _Launch, view: Callable[[int], Tensor], keyed: bool) -> None
         args[at] = view(i)
     for name, i in launch.kwarg_slots:
         kwargs[name] = view(i)
+    for at, node in launch.arg_nodes:
+        args[at] = _build(node, view)
     path = triton_launch.launcher(launch.kernel)
     if keyed and launch.key is not None and isinstance(path, triton_launch.Cached):
         path.launch_keyed(launch.key, launch.grid, args, kwargs)
@@ -404,9 +416,24 @@ class _Recorder(TorchDispatchMode):
         key = path.key(grid, args, kwargs) if isinstance(path, triton_launch.Cached) else None
         arg_slots = tuple((at, slot(a)) for at, a in enumerate(args) if self._of_call(a))
         kwarg_slots = tuple((name, slot(a)) for name, a in kwargs.items() if self._of_call(a))
-        args = tuple(None if self._of_call(a) else a for a in args)
+        if any(self._holds_call_tensors(a) for a in kwargs.values()):
+            raise NotPlanned("a launch's keyword argument holds a tensor of the call")
+        arg_nodes = tuple(
+            (at, _template(a, slot)) for at, a in enumerate(args) if self._holds_call_tensors(a)
+        )
+        nodes = {at for at, _ in arg_nodes}
+        args = tuple(None if self._of_call(a) or at in nodes else a for at, a in enumerate(args))
         kwargs = {name: (None if self._of_call(a) else a) for name, a in kwargs.items()}
-        return _Launch(kernel, grid, args, kwargs, arg_slots, kwarg_slots, key)
+        return _Launch(kernel, grid, args, kwargs, arg_slots, kwarg_slots, arg_nodes, key)
+
+    def _holds_call_tensors(self, x: Any) -> bool:
+        """Whether ``x`` is a container `_template` takes apart (a tuple, list, dict or dataclass instance) holding
+        a tensor of the call."""
+        if isinstance(x, Tensor) or not (isinstance(x, (tuple, list, dict)) or dataclasses.is_dataclass(x)):
+            return False
+        found = []
+        _template(x, lambda t: found.append(t) if self._of_call(t) else None)
+        return bool(found)
 
     def _of_call(self, t: Any) -> bool:
         """Whether ``t`` is a tensor of the call: an input, an operation's output, or a view of one."""

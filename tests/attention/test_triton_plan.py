@@ -459,6 +459,59 @@ def test_operations_and_launches_replay_in_their_order():
     assert got._base is not None  # a view, as the call's
 
 
+@dataclasses.dataclass
+class _Descriptor:
+    """A stand-in for Triton's host-side tensor descriptor (a dataclass holding its base tensor and its layout)."""
+
+    base: torch.Tensor
+    shape: list
+
+
+def test_launch_arguments_holding_tensors_of_the_call_are_rebuilt():
+    """A launch given a tensor descriptor of a buffer the call made (the product kernel's TMA stores,
+    `PRODUCT_STORES` "tma") gets, replayed, a descriptor of the replay's buffer, not of the recorded call's."""
+    store = _Kernel(lambda x, desc: desc.base.copy_(2 * x))
+
+    def call(x):
+        out = torch.empty(x.shape)
+        _launch(store, x, _Descriptor(out, list(out.shape)))
+        return out
+
+    _, plan, refusal = _record(call, torch.randn(3, 4))
+    assert refusal is None
+    (launch,) = [step for step in plan.steps if isinstance(step, triton_plan._Launch)]
+    assert launch.args[1] is None  # the recorded call's descriptor not kept
+    x = torch.randn(3, 4)
+    assert torch.equal(plan.run((x,))[0], 2 * x)
+
+
+def test_the_product_kernel_s_descriptor_is_rebuilt_per_replay(monkeypatch, plans):
+    """With TMA stores (`PRODUCT_STORES` "tma": a descriptor of the distance tables' buffer among the product
+    kernel's arguments) the replays give the calls' outputs, each launch's descriptor rebuilt on the replay's
+    buffer."""
+    monkeypatch.setattr(triton_backend, "PRODUCT_STORES", "tma")
+    c, dtype = PLAN_GRID["c2p_only"]
+    for seed in range(3):
+        inputs = _values(c, dtype, seed)
+        assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs)), f"call {seed}"
+    launches = [step for step in _only_entry(plans).plan.steps if isinstance(step, triton_plan._Launch)]
+    product = next(step for step in launches if step.kernel.__name__ == "_distance_product_kernel")
+    (at, node), *_ = product.arg_nodes
+    assert product.args[at] is None and isinstance(node, triton_plan._Node)
+
+
+def test_a_descriptor_keyword_argument_is_refused():
+    store = _Kernel(lambda x, desc=None: desc.base.copy_(x))
+
+    def call(x):
+        out = torch.empty(x.shape)
+        triton_launch.launcher(store)[(1,)](x, desc=_Descriptor(out, [3, 4]))
+        return out
+
+    _, plan, refusal = _record(call, torch.randn(3, 4))
+    assert plan is None and "keyword argument holds a tensor of the call" in refusal
+
+
 @pytest.mark.parametrize(
     "body, launches, reason",
     [
