@@ -182,22 +182,45 @@ def check_cached_path() -> dict:
 
 def _alike(a, b) -> bool:
     """Arguments of a replayed launch and the call's own alike: non-tensors equal (`_same`); tensors of the same
-    shape, strides, dtype, storage offset and 16-byte alignment, and at the same address where the call's is an
-    input (a buffer is allocated anew by each call)."""
+    shape, strides, dtype, storage offset and 16-byte alignment; or for a tensor an address (an int: the shorter
+    path's replays, `triton_launch.Cached.takes_addresses`) of the same alignment. Where they are, `_placed`
+    checks the addresses themselves."""
+    if isinstance(a, torch.Tensor) and type(b) is int:
+        return a.data_ptr() % 16 == b % 16
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return _same(a, b)
     return triton_plan.tensor_key(a) == triton_plan.tensor_key(b)
+
+
+def _placed(made: list, replayed: list, inputs: set[int]) -> tuple[bool, int]:
+    """Whether a replayed call's launches (``replayed``) pass their tensors where its call's (``made``) did: the
+    inputs at their addresses, and the tensors of each storage of the call (a buffer, its views) all at one
+    distance from theirs in the replay, in every launch (a buffer a launch writes is the one a later launch
+    reads, each view at its place in it); and how many were passed as addresses."""
+    shifts: dict[int, set[int]] = {}
+    addressed = 0
+    for (_, a0), (_, a1) in zip(made, replayed):
+        for x, y in zip(a0, a1):
+            if not isinstance(x, torch.Tensor):
+                continue
+            addressed += type(y) is int
+            at = y if type(y) is int else y.data_ptr()
+            if x.data_ptr() in inputs and at != x.data_ptr():
+                return False, addressed
+            shifts.setdefault(x.untyped_storage().data_ptr(), set()).add(at - x.data_ptr())
+    return all(len(s) == 1 for s in shifts.values()), addressed
 
 
 def check_planned_calls() -> dict:
     """A forward without grad, and a forward+backward, replayed from their plans (`triton_plan`: the forward
     call's, or the forward's and the backward's bodies') against the same calls made: the same compiled kernels,
     launched through the shorter path with the plans' recorded keys, with alike arguments (`_alike`), the
-    inputs' at their addresses. ``{"planned_launches": n}`` (of both), or `LaunchPathMismatch`."""
+    inputs' at their addresses, every buffer at one place (`_placed`). ``{"planned_launches": n,
+    "addressed_arguments": m}`` (of both: tensors passed by address), or `LaunchPathMismatch`."""
     calls: list = []
     call = _call()
     inputs = {t.data_ptr() for t in call.inputs}
-    count = 0
+    count = addressed = 0
     with _stand_ins(calls), _gpu_tiles():
         for phase, backward in (("forward", False), ("forward+backward", True)):
             with planned():
@@ -219,15 +242,11 @@ def check_planned_calls() -> dict:
                     _expect(k0 is k1, f"{name}: a replay reached another compiled kernel")
                     alike = len(a0) == len(a1) and all(map(_alike, a0, a1))
                     _expect(alike, f"{name}: a replay passed other arguments")
-                    pointers = [
-                        (x.data_ptr(), y.data_ptr()) for x, y in zip(a0, a1) if isinstance(x, torch.Tensor)
-                    ]
-                    _expect(
-                        all(x == y for x, y in pointers if x in inputs),
-                        f"{name}: a replay passed other inputs than its call's",
-                    )
+                placed, n = _placed(made[0], replayed, inputs)
+                _expect(placed, f"{phase}: a replay passed a tensor elsewhere than its call")
+                addressed += n
             count += len(made[0])
-    return dict(planned_launches=count)
+    return dict(planned_launches=count, addressed_arguments=addressed)
 
 
 def _pointer_variants() -> list[torch.Tensor]:
@@ -371,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         f"checked: {checked['launches']} launches alike through both paths; pointers specialised by dtype and "
         f"16-byte alignment alone ({checked['pointer_variants']} variants); the backend takes the shorter path with "
         f"Triton {triton.__version__}: {'yes' if checked['served'] else 'no (not in CHECKED_RELEASES)'}; a planned "
-        f"forward's {checked['planned_launches']} launches alike its call's"
+        f"forward's and forward+backward's {checked['planned_launches']} launches alike their calls', "
+        f"{checked['addressed_arguments']} tensors passed by address"
     )
     with one_thread():
         rows = measure(args.reps)

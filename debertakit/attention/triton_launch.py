@@ -152,6 +152,16 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
     return tuple(parts)
 
 
+def _hooked(*hooks) -> bool:
+    """Whether a launch hook is set: a function (up to Triton 3.8), or a hook added to a chain (3.9's ``HookChain``,
+    always present)."""
+    for hook in hooks:
+        calls = getattr(hook, "calls", None)
+        if hook is not None and not (isinstance(calls, list) and not calls):
+            return True
+    return False
+
+
 class Cached:
     """A JIT function's launches: Triton's path the first time per key, the compiled kernel directly after."""
 
@@ -168,6 +178,18 @@ class Cached:
 
     def launch(self, grid, args: tuple, kwargs: dict) -> None:
         self.launch_keyed(self.key(grid, args, kwargs), grid, args, kwargs)
+
+    def takes_addresses(self, key: tuple) -> bool:
+        """Whether the launch of ``key`` (`launch_keyed`) may be given a tensor's address (an int) in its place: it
+        calls a compiled kernel found for ``key`` (Triton's own path, which a first launch takes, would take an int
+        for an integer), whose launcher reads an int pointer argument as the address itself (every checked
+        release), skipping the tensor's ``data_ptr`` and the driver's check of the pointer
+        (``cuPointerGetAttribute``); and no launch hook is set (a profiler's: its metadata would see ints)."""
+        device = self._driver.active.get_current_device()
+        runtime = self._knobs.runtime
+        return (device, key) in self.entries and not _hooked(
+            runtime.launch_enter_hook, runtime.launch_exit_hook
+        )
 
     def key(self, grid, args: tuple, kwargs: dict) -> tuple | None:
         """The key of a launch (`_key`), or None where it takes Triton's path: a callable grid, pre-run hooks."""

@@ -12,9 +12,10 @@ holds the call's steps in the order it made them: its allocations (made again at
 fills and copies (made directly), any other PyTorch operation (called again, an ATen operation on this call's
 tensors), and each kernel launch (the same grid and arguments, through `triton_launch.launcher` with the key the
 launch had on its shorter path). A tensor the call's steps read is an input, an operation's output, or a view of
-one, taken again from this call's at the same size, strides and storage offset; any other tensor (the lookup
-tables, the geometry's shared inputs, the stand-ins, kept by the caches and the same for every call of the
-signature) is passed as it was. The result is rebuilt the same way.
+one, taken again from this call's at the same size, strides and storage offset (a launch on the shorter path is
+given its address alone, `_launch`); any other tensor (the lookup tables, the geometry's shared inputs, the
+stand-ins, kept by the caches and the same for every call of the signature) is passed as it was. The result is
+rebuilt the same way.
 
 How a call is recorded: under a `TorchDispatchMode` that sees every PyTorch operation of the call, and with
 `triton_launch.launcher` handing each launch to the recorder. A call is not planned (it ran as it always does)
@@ -122,12 +123,14 @@ def tensor_key(t: Tensor | None) -> Hashable:
 class _View(NamedTuple):
     """A tensor of the call a plan's steps read or it returns: root number ``root`` (the inputs first, then each
     output of the call's operations in order), itself (``size`` None) or viewed at ``size``, ``stride`` and
-    storage ``offset``."""
+    storage ``offset``; its first element ``shift`` bytes past the root's (a launch may take its address alone,
+    `_launch`)."""
 
     root: int
     size: tuple[int, ...] | None = None
     stride: tuple[int, ...] | None = None
     offset: int = 0
+    shift: int = 0
 
 
 class _Slot(NamedTuple):
@@ -251,6 +254,10 @@ class Plan(NamedTuple):
                 views[i] = t
             return t
 
+        def address(i: int) -> int:
+            v = self.views[i]
+            return roots[v.root].data_ptr() + v.shift
+
         for step in self.steps:
             kind = type(step)
             if kind is _Alloc:
@@ -273,23 +280,29 @@ class Plan(NamedTuple):
                 continue
             made = roots[first:]  # (see `_launch`)
             keyed = tuple(r.data_ptr() % 16 == 0 for r in made) == self.aligned[: len(made)]
-            _launch(step, view, keyed)
+            _launch(step, view, address, keyed)
         return _build(self.result, view)
 
 
-def _launch(launch: _Launch, view: Callable[[int], Tensor], keyed: bool) -> None:
+def _launch(
+    launch: _Launch, view: Callable[[int], Tensor], address: Callable[[int], int], keyed: bool
+) -> None:
     """A replayed launch, with its recorded key where ``keyed``: the inputs' 16-byte alignment is in the plan's
     key, and ``keyed`` says that the operations' outputs (the allocations) start on 16 bytes as they did when
-    recorded (PyTorch's allocators align far more)."""
+    recorded (PyTorch's allocators align far more). Launched with its key on the shorter path, a kernel is
+    given its tensors' addresses where that path takes them (`triton_launch.Cached.takes_addresses`): no view
+    is made for it (10 in a forward's two launches)."""
+    path = triton_launch.launcher(launch.kernel)
+    keyed = keyed and launch.key is not None and isinstance(path, triton_launch.Cached)
+    tensor = address if keyed and path.takes_addresses(launch.key) else view
     args, kwargs = list(launch.args), dict(launch.kwargs)
     for at, i in launch.arg_slots:
-        args[at] = view(i)
+        args[at] = tensor(i)
     for name, i in launch.kwarg_slots:
-        kwargs[name] = view(i)
+        kwargs[name] = tensor(i)
     for at, node in launch.arg_nodes:
         args[at] = _build(node, view)
-    path = triton_launch.launcher(launch.kernel)
-    if keyed and launch.key is not None and isinstance(path, triton_launch.Cached):
+    if keyed:
         path.launch_keyed(launch.key, launch.grid, args, kwargs)
     else:
         path[launch.grid](*args, **kwargs)
@@ -442,10 +455,10 @@ class _Recorder(TorchDispatchMode):
     def _view(self, t: Tensor, views: list[_View]) -> int:
         """The number of ``t``'s view among ``views`` (added where new)."""
         root = self.origin[id(t)]
+        base = self.roots[root]
+        shift = (t.storage_offset() - base.storage_offset()) * t.element_size()
         view = (
-            _View(root)
-            if t is self.roots[root]
-            else _View(root, tuple(t.shape), t.stride(), t.storage_offset())
+            _View(root) if t is base else _View(root, tuple(t.shape), t.stride(), t.storage_offset(), shift)
         )
         if view not in views:
             views.append(view)

@@ -359,6 +359,7 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     checked = json.loads((work / "triton_launch_cost.json").read_text())["checked"]
     assert checked["launches"] == len(by_phase["forward"]) + len(by_phase["forward+backward"])
     assert checked["planned_launches"] == len(by_phase["forward"]) + len(by_phase["forward+backward"])
+    assert checked["addressed_arguments"] > 0  # the replays' launches given addresses, placed as the calls'
     assert all(r["planned_us"] > 0 for r in launches if r["phase"].startswith("call"))
     targets = json.loads((work / "attention_gpu_targets.json").read_text())
     assert targets["complete"] and targets["smoke"]

@@ -106,6 +106,27 @@ def test_a_kept_kernel_is_launched_with_the_arguments_tritons_path_passes(monkey
     assert len(cached.entries) == 4
 
 
+def test_addresses_are_taken_only_by_kept_kernels_without_launch_hooks(monkeypatch):
+    """A key's launch may be given addresses for tensors once Triton's path has returned its compiled kernel
+    (before, Triton's path would read an int as an integer), and not while a launch hook is set."""
+    fn, cached = _cached(monkeypatch)
+    x = torch.empty(64)
+    key = cached.key((1,), (x, 5), {"BLOCK": 16})
+    assert not cached.takes_addresses(key)
+    cached[(1,)](x, 5, BLOCK=16)
+    assert cached.takes_addresses(key)
+    runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(cached, "_knobs", SimpleNamespace(runtime=runtime))
+    assert cached.takes_addresses(key)
+    runtime.launch_exit_hook = print  # (up to Triton 3.8, a hook is the function itself)
+    assert not cached.takes_addresses(key)
+    chain = SimpleNamespace(calls=[])  # 3.9 chains hooks: an empty chain is none
+    runtime.launch_enter_hook, runtime.launch_exit_hook = chain, None
+    assert cached.takes_addresses(key)
+    chain.calls.append(print)
+    assert not cached.takes_addresses(key)
+
+
 def test_a_launch_that_leaves_a_parameter_to_its_default_is_never_kept(monkeypatch):
     fn, cached = _cached(monkeypatch)
     for _ in range(2):

@@ -500,6 +500,46 @@ def test_the_product_kernel_s_descriptor_is_rebuilt_per_replay(monkeypatch, plan
     assert product.args[at] is None and isinstance(node, triton_plan._Node)
 
 
+class _Addressed(triton_launch.Cached):
+    """A shorter path that takes addresses: records each keyed launch's arguments."""
+
+    def __init__(self, fn):
+        self.fn, self.given = fn, []
+
+    def key(self, grid, args, kwargs):
+        return ("a key",)
+
+    def takes_addresses(self, key):
+        return True
+
+    def launch_keyed(self, key, grid, args, kwargs):
+        self.given.append(args)
+
+
+def test_replayed_launches_on_the_shorter_path_are_given_addresses(monkeypatch):
+    """Where the shorter path takes addresses, a replayed launch is given ints, not views: an input's (at a
+    storage offset, viewed further in) at its view's address, a buffer's and its view's as far apart as when
+    recorded."""
+    kernel = _Kernel(lambda *args: None)
+    path = _Addressed(kernel)
+    monkeypatch.setitem(triton_launch._LAUNCHERS, id(kernel), path)
+
+    def call(x):
+        buf = torch.empty(12)
+        _launch(kernel, x[5:], x, buf, buf[4:])
+        return buf
+
+    _, plan, refusal = _record(call, torch.randn(40)[3:])
+    assert refusal is None, refusal
+    assert all(isinstance(a, torch.Tensor) for a in path.given[-1])  # the recorded launch: tensors
+    x = torch.randn(40)[3:]
+    out, _ = plan.run((x,))
+    given = tuple(path.given[-1])
+    assert all(type(a) is int for a in given)
+    assert given[:2] == (x[5:].data_ptr(), x.data_ptr())
+    assert given[2] == out.data_ptr() and given[3] - given[2] == 4 * out.element_size()
+
+
 def test_a_descriptor_keyword_argument_is_refused():
     store = _Kernel(lambda x, desc=None: desc.base.copy_(x))
 
