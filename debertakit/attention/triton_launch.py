@@ -153,8 +153,8 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
 
 
 def _hooked(*hooks) -> bool:
-    """Whether a launch hook is set: a function (up to Triton 3.8), or a hook added to a chain (3.9's ``HookChain``,
-    always present)."""
+    """Whether a launch hook is set: a hook added to a chain (``HookChain``, always present in the checked
+    releases), or one set in its place (a function, or None for none)."""
     for hook in hooks:
         calls = getattr(hook, "calls", None)
         if hook is not None and not (isinstance(calls, list) and not calls):

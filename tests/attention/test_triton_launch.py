@@ -118,9 +118,9 @@ def test_addresses_are_taken_only_by_kept_kernels_without_launch_hooks(monkeypat
     runtime = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
     monkeypatch.setattr(cached, "_knobs", SimpleNamespace(runtime=runtime))
     assert cached.takes_addresses(key)
-    runtime.launch_exit_hook = print  # (up to Triton 3.8, a hook is the function itself)
+    runtime.launch_exit_hook = print  # (a hook set in the chain's place)
     assert not cached.takes_addresses(key)
-    chain = SimpleNamespace(calls=[])  # 3.9 chains hooks: an empty chain is none
+    chain = SimpleNamespace(calls=[])  # the checked releases chain hooks: an empty chain is none
     runtime.launch_enter_hook, runtime.launch_exit_hook = chain, None
     assert cached.takes_addresses(key)
     chain.calls.append(print)
