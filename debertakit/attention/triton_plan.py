@@ -32,10 +32,11 @@ alignment, the device, the scale, the position terms, the relative-position mapp
 geometry with masks, packed rows or explicit positions adds its tensors to the inputs and what the call decides
 from it on the host to the key), and the bodies of the forward and the backward (`_planned_forward`,
 `_planned_bwd`: every tensor they read is an input, the geometry's and the dropout seed among them, so dropout
-calls and training steps are planned there). Its module settings are compared at every call (``settings`` of `Plans`: the module's globals by value,
-so a setting or a function patched in is seen, a dict changed in place is not, but for the tile overrides). Not
-planned: calls under ``torch.compile`` (the compiled graph's custom ops run their bodies unplanned), while a CUDA
-graph is captured, under autocast, under a dispatch mode of the caller's, or where a gradient would be recorded.
+calls and training steps are planned there). Its module settings are compared at every call (``settings`` of
+`Plans`: the module's globals by value, so a setting or a function patched in is seen, a dict changed in place is
+not, but for the tile overrides). Not planned: calls under ``torch.compile`` (the compiled graph's custom ops run
+their bodies unplanned), while a CUDA graph is captured, under autocast, under a dispatch mode of the caller's, or
+where a gradient would be recorded.
 """
 
 from __future__ import annotations
