@@ -343,7 +343,7 @@ class _Recorder(TorchDispatchMode):
         outs = (out,) if isinstance(out, Tensor) else tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if any(not isinstance(t, Tensor) for t in outs):
             return f"the call reads a value from {func}"
-        if func.is_view:
+        if func.is_view and all(_shares_storage(t, args[0]) for t in outs):
             parent = args[0]
             root = self.origin.get(id(parent))
             for t in outs:
@@ -464,6 +464,15 @@ class _Recorder(TorchDispatchMode):
         if view not in views:
             views.append(view)
         return views.index(view)
+
+
+def _shares_storage(t: Tensor, parent: Any) -> bool:
+    """Whether an output of a view operation is a view of ``parent`` indeed: ``reshape`` and its kind are marked
+    as views but copy where the strides do not allow one (they reach the recorder undecomposed under
+    ``torch.inference_mode``); such a copy is recorded as an operation, a new root."""
+    return (
+        isinstance(parent, Tensor) and t.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
+    )
 
 
 def _written(func, args: tuple, kwargs: dict) -> list[Tensor]:

@@ -552,6 +552,26 @@ def test_a_descriptor_keyword_argument_is_refused():
     assert plan is None and "keyword argument holds a tensor of the call" in refusal
 
 
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_a_view_operation_that_copies_is_replayed_as_an_operation(mode):
+    """``reshape`` of a transposed tensor copies; under ``torch.inference_mode`` it reaches the recorder as
+    itself, an operation marked as a view, not as the ``clone`` it is made of: replayed as an operation, not as a
+    view of its input's storage."""
+    copy = _Kernel(lambda x, out: out.copy_(x))
+
+    def call(x):
+        flat = x.t().reshape(-1)
+        out = torch.empty(flat.shape)
+        _launch(copy, flat, out)
+        return out
+
+    with mode():
+        _, plan, refusal = _record(call, torch.randn(3, 4))
+        assert refusal is None
+        x = torch.randn(3, 4)
+        assert torch.equal(plan.run((x,))[0], x.t().reshape(-1))
+
+
 @pytest.mark.parametrize(
     "body, launches, reason",
     [
@@ -662,11 +682,15 @@ def _tiny_model(preset: str):
     return debertakit.build_model(cfg, "base").to(DEVICE).eval()
 
 
-@pytest.mark.parametrize("inputs", ["padded", "packed"])
-def test_the_model_s_forwards_are_replayed_bit_for_bit(monkeypatch, plans, inputs):
+@pytest.mark.parametrize(
+    "inputs, mode", [("padded", "no_grad"), ("packed", "no_grad"), ("padded", "inference")]
+)
+def test_the_model_s_forwards_are_replayed_bit_for_bit(monkeypatch, plans, inputs, mode):
     """The model's own calls (tiny v3: head dim 8, padded to the kernels' 16): four forwards, each on new token
     ids and a new padding mask (or packed row), the same layers' calls in each, against the model without plans:
-    every hidden state bit for bit, and the later forwards' calls replayed."""
+    every hidden state bit for bit, and the later forwards' calls replayed; under ``torch.no_grad`` or
+    ``torch.inference_mode`` (whose tensors the replays allocate)."""
+    no_grad = torch.inference_mode if mode == "inference" else torch.no_grad
     model = _tiny_model("tiny-v3")
     g = torch.Generator().manual_seed(1)
     for step in range(4):
@@ -677,7 +701,7 @@ def test_the_model_s_forwards_are_replayed_bit_for_bit(monkeypatch, plans, input
         else:  # one row, sequences of 20, 8 + step and 20 - step tokens (the longest, 20, in the plan's key)
             cu = torch.tensor([0, 20, 28 + step, 48], device=DEVICE)
             kw = dict(input_ids=ids.reshape(1, 48), cu_seqlens=cu)
-        with torch.no_grad():
+        with no_grad():
             with monkeypatch.context() as m:
                 m.setattr(triton_backend, "CALL_PLANS", "off")
                 want = model(**kw).last_hidden_state
