@@ -686,25 +686,58 @@ def _tiny_model(preset: str):
     "inputs, mode", [("padded", "no_grad"), ("packed", "no_grad"), ("padded", "inference")]
 )
 def test_the_model_s_forwards_are_replayed_bit_for_bit(monkeypatch, plans, inputs, mode):
-    """The model's own calls (tiny v3: head dim 8, padded to the kernels' 16): four forwards, each on new token
+    """The model's own calls (tiny v3: head dim 8, padded to the kernels' 16): three forwards, each on new token
     ids and a new padding mask (or packed row), the same layers' calls in each, against the model without plans:
     every hidden state bit for bit, and the later forwards' calls replayed; under ``torch.no_grad`` or
-    ``torch.inference_mode`` (whose tensors the replays allocate)."""
+    ``torch.inference_mode`` (whose tensors the replays allocate, and whose composite operations reach the
+    recorder undecomposed: `test_a_view_operation_that_copies_is_replayed_as_an_operation`)."""
     no_grad = torch.inference_mode if mode == "inference" else torch.no_grad
     model = _tiny_model("tiny-v3")
     g = torch.Generator().manual_seed(1)
-    for step in range(4):
-        ids = torch.randint(4, 128, (2, 24), generator=g).to(DEVICE)
+    for step in range(3):
+        ids = torch.randint(4, 128, (2, 16), generator=g).to(DEVICE)
         if inputs == "padded":
-            mask = (torch.arange(24)[None] < torch.tensor([[24], [10 + 3 * step]])).to(DEVICE, torch.long)
+            mask = (torch.arange(16)[None] < torch.tensor([[16], [7 + 3 * step]])).to(DEVICE, torch.long)
             kw = dict(input_ids=ids, attention_mask=mask)
-        else:  # one row, sequences of 20, 8 + step and 20 - step tokens (the longest, 20, in the plan's key)
-            cu = torch.tensor([0, 20, 28 + step, 48], device=DEVICE)
-            kw = dict(input_ids=ids.reshape(1, 48), cu_seqlens=cu)
+        else:  # one row, sequences of 12, 8 + step and 12 - step tokens (the longest, 12, in the plan's key)
+            cu = torch.tensor([0, 12, 20 + step, 32], device=DEVICE)
+            kw = dict(input_ids=ids.reshape(1, 32), cu_seqlens=cu)
         with no_grad():
             with monkeypatch.context() as m:
                 m.setattr(triton_backend, "CALL_PLANS", "off")
                 want = model(**kw).last_hidden_state
             got = model(**kw).last_hidden_state
         assert torch.equal(got, want), f"forward {step}"
-    assert (plans.recorded, plans.hits) == (1, 6)  # of the eight calls, the first made, the second recorded
+    assert (plans.recorded, plans.hits) == (1, 4)  # of the six calls, the first made, the second recorded
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        pytest.param("tiny-v1", marks=pytest.mark.slow),
+        pytest.param("tiny-v2", marks=pytest.mark.slow),
+        "tiny-v3",
+    ],
+)
+def test_the_model_s_training_steps_are_replayed_bit_for_bit(monkeypatch, plans, preset):
+    """Forward and backward of the model (dropout off) on a padded batch, two steps on new ids and masks (the
+    second's two layers replayed): the loss and every parameter's gradient bit for bit those without plans."""
+    model = _tiny_model(preset).train()
+    g = torch.Generator().manual_seed(2)
+
+    def step(ids, mask) -> list[torch.Tensor]:
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        loss = (out * torch.linspace(-1, 1, out.shape[-1]).to(out)).sum()
+        loss.backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    for i in range(2):
+        ids = torch.randint(4, 128, (2, 16), generator=g).to(DEVICE)
+        mask = (torch.arange(16)[None] < torch.tensor([[16], [7 + 3 * i]])).to(DEVICE, torch.long)
+        with monkeypatch.context() as m:
+            m.setattr(triton_backend, "CALL_PLANS", "off")
+            want = step(ids, mask)
+        got = step(ids, mask)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), f"step {i}"
+    assert plans.hits == 4  # the forward's and the backward's bodies, in both layers of the second step
