@@ -121,6 +121,18 @@ def tensor_key(t: Tensor | None) -> Hashable:
     return t.shape, t.stride(), t.dtype, t.storage_offset(), t.data_ptr() % 16
 
 
+def aliases(inputs: tuple) -> tuple[tuple[int, int], ...]:
+    """The inputs that are an earlier input itself, as (position, the earlier's position): a call on ``(x, x, x)``
+    reads one tensor where one on ``(q, k, v)`` reads three, and its plan, recorded through one root, would read
+    the one for all three."""
+    first: dict[int, int] = {}
+    same = []
+    for i, t in enumerate(inputs):
+        if isinstance(t, Tensor) and first.setdefault(id(t), i) != i:
+            same.append((i, first[id(t)]))
+    return tuple(same)
+
+
 class _View(NamedTuple):
     """A tensor of the call a plan's steps read or it returns: root number ``root`` (the inputs first, then each
     output of the call's operations in order), itself (``size`` None) or viewed at ``size``, ``stride`` and
@@ -533,8 +545,9 @@ class Plans:
     def call(self, key: Hashable, inputs: tuple, call: Callable[[], Any], timed: bool = False) -> Any:
         """``call()``, whose result is a function of ``inputs`` (tensors among them) and ``key`` alone, or its
         plan's replay on ``inputs``. With ``timed``, a plan is kept only where it saves host time
-        (`TIMED_CALLS`)."""
-        entry = self._entry(key, self.settings())
+        (`TIMED_CALLS`). Inputs that are one tensor (`aliases`) add that to the key."""
+        same = aliases(inputs)
+        entry = self._entry((key, same) if same else key, self.settings())
         if entry.plan is not None:
             self.hits += 1
             if not timed or len(entry.replayed) >= TIMED_CALLS:

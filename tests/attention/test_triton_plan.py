@@ -77,10 +77,20 @@ def plans(monkeypatch):
     return store
 
 
+def _whole(store: triton_plan.Plans) -> list:
+    """The keys of whole calls' plans (a body's key starts with "forward" or "backward"; one on inputs that are
+    one tensor is the pair of a key and `triton_plan.aliases`)."""
+    return [
+        key
+        for key in store.entries
+        if (key[0] if isinstance(key[0], tuple) else key)[0] not in ("forward", "backward")
+    ]
+
+
 def _only_entry(store: triton_plan.Plans) -> triton_plan._Entry:
     """The one plan entry of whole calls (a call's first run, not planned as a whole, also sees its forward body's
     signature, keyed "forward", once)."""
-    (entries,) = [e for key, e in store.entries.items() if key[0] not in ("forward", "backward")]
+    (entries,) = [store.entries[key] for key in _whole(store)]
     (entry,) = entries
     return entry
 
@@ -142,6 +152,22 @@ def test_replays_write_new_buffers(plans):
     assert plans.hits == 2
     assert outs[3].untyped_storage().data_ptr() != outs[2].untyped_storage().data_ptr()
     assert torch.equal(outs[2], kept)  # the later replay wrote elsewhere
+
+
+def test_inputs_that_are_one_tensor_get_a_plan_of_their_own(monkeypatch, plans):
+    """A call on ``(x, x, x)`` reads one tensor for queries, keys and values: its plan is not replayed for calls
+    of the same layouts on three tensors, which get a plan of their own; every output the call's."""
+    c, dtype = PLAN_GRID["no_far_tiles"]
+    for seed in range(6):
+        q, k, v, pos_q, pos_k = _values(c, dtype, seed)
+        inputs = (
+            (q, q, q, pos_q, pos_k) if seed < 3 else (q, k, v, pos_q, pos_k)
+        )  # (made, recorded, replayed)
+        assert torch.equal(_call(c, inputs), _unplanned(monkeypatch, c, inputs)), f"call {seed}"
+    whole = _whole(plans)
+    assert len(whole) == 2 and plans.hits == 2
+    x = torch.zeros(2)
+    assert triton_plan.aliases((x, None, x, x.clone(), None, x)) == ((2, 0), (5, 0))
 
 
 def test_a_plan_allocates_fills_and_launches_what_the_call_did(plans):
@@ -287,7 +313,7 @@ def test_what_a_call_decides_from_its_geometry_is_in_the_key(monkeypatch, plans)
             with torch.no_grad():
                 got, _ = triton_attention(*inputs, c.rel, geometry(), scale=0.3, terms=c.terms)
             assert torch.equal(got, want), f"{name}, call {seed}"
-    whole = [key for key in plans.entries if key[0] not in ("forward", "backward")]
+    whole = _whole(plans)
     assert len(whole) == len(geometries) and plans.hits == len(geometries)
 
 
