@@ -1175,7 +1175,8 @@ def _fwd(
     """(out (B, H, Nq, D) in q's dtype, float32 with dropout (`_out_dtype`), logsumexp (B, H, Nq) float32 in
     base 2 (see `triton_kernels`); +inf on rows with no visible key). ``aux``: `_Aux`'s tensors, ``config``:
     `_Config`'s values."""
-    out, lse, _ = _forward(q, k, v, pos_q, pos_k, aux, scale, config)
+    with _on_device(q.device):  # (the custom op's body, which a compiled graph calls)
+        out, lse, _ = _forward(q, k, v, pos_q, pos_k, aux, scale, config)
     return out, lse
 
 
@@ -1217,6 +1218,16 @@ def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     costs host time in every call of every layer."""
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """``device`` made the current CUDA device for a call's launches where another is: Triton launches on the
+    current device (its driver's ``get_current_device``, as the shorter path does), so a call on ``cuda:1``
+    made while ``cuda:0`` is current would launch its kernels on the other device. No context where it is
+    current already, or off CUDA (entering one costs host time in every call of every layer)."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
     return contextlib.nullcontext()
 
 
@@ -1770,7 +1781,7 @@ def _bwd(
         *aux[:AUX_COUNT]
     )
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
-    with _autocast_off(dev.type):
+    with _autocast_off(dev.type), _on_device(dev):  # (the custom op's body too, which a compiled graph calls)
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         skew, dist, row, col, far, R, PQ, PK, TR, q_heads, k_heads = _position_inputs(
@@ -1993,7 +2004,10 @@ def _planned_bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config) -> t
 
     inputs = (dout, q, k, v, out, lse, pos_q, pos_k, *aux)
     key = _body_key("backward", inputs, scale, config)
-    return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
+    with _on_device(
+        q.device
+    ):  # (autograd runs a CUDA backward on its device already; a direct caller may not)
+        return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
 
 
 def _body_key(body: str, inputs: tuple, scale: float, config: list[int]) -> tuple | None:
@@ -2194,11 +2208,12 @@ def triton_attention(
     def call() -> tuple[Tensor, None]:
         return _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_probs)
 
-    planned = _planned_call((q, k, v, pos_q, pos_k), rel, geom, scale, terms, dropout_p, return_probs)
-    if planned is None:
-        return call()
-    key, inputs = planned
-    return _PLANS.call(key, inputs, call, timed=q.is_cuda)
+    with _on_device(q.device):
+        planned = _planned_call((q, k, v, pos_q, pos_k), rel, geom, scale, terms, dropout_p, return_probs)
+        if planned is None:
+            return call()
+        key, inputs = planned
+        return _PLANS.call(key, inputs, call, timed=q.is_cuda)
 
 
 def _planned_call(

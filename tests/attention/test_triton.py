@@ -4588,3 +4588,64 @@ def test_every_pointer_a_launch_passes_is_16_byte_aligned(monkeypatch, name, roa
         "_fold_product_kernel",
         "_fold_sums_kernel",
     } <= set(launches)
+
+
+def test_a_call_makes_its_tensors_cuda_device_current(monkeypatch):
+    """Triton launches on the current CUDA device: a call on another device's tensors makes theirs current
+    (`triton_backend._on_device`), and none where it is current already or off CUDA."""
+    entered = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    for device in ("cuda:1", "cuda:0", "cpu"):
+        with triton_backend._on_device(torch.device(device)):
+            pass
+    assert entered == [torch.device("cuda:1")]
+
+
+def test_every_entry_of_a_call_takes_its_tensors_device(monkeypatch):
+    """The call (its whole plan's replays and the eager forward included), the eager backward, and the custom
+    ops' bodies (what a compiled graph calls) each make q's device current for their launches."""
+    seen, captured = [], []
+    real_on_device, real_attention = triton_backend._on_device, triton_backend._attention
+    monkeypatch.setattr(
+        triton_backend, "_on_device", lambda device: seen.append(device) or real_on_device(device)
+    )
+    monkeypatch.setattr(
+        triton_backend, "_attention", lambda *args: captured.append(args) or real_attention(*args)
+    )
+    c = Case(n=16, terms=PositionTerms(c2p=True, p2c=False))
+    inputs = _inputs(c, torch.float32, DEVICE)
+    _run(triton_attention, c, inputs, Geometry())
+    # the call, the backward's body (through `_planned_bwd`, and `_bwd` itself)
+    assert len(seen) == 3 and set(seen) == {inputs[0].device}
+    del seen[:]
+    q, k, v, pos_q, pos_k, aux, scale, config = captured[0]
+    out, lse = torch.ops.debertakit.disentangled_attention_fwd(q, k, v, pos_q, pos_k, aux, scale, config)
+    torch.ops.debertakit.disentangled_attention_bwd(out, q, k, v, out, lse, pos_q, pos_k, aux, scale, config)
+    assert seen == [q.device, q.device]
+
+
+@pytest.mark.gpu
+def test_a_call_on_another_cuda_device_than_the_current_one_gpu():
+    """On a machine with two GPUs: a call on ``cuda:1`` while ``cuda:0`` is current, forward and backward,
+    against `eager` on the same inputs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA devices; this machine has {torch.cuda.device_count()}")
+    c = GRID["padding"]
+    with torch.cuda.device(0):
+        geom = _geometry(c, "cuda:1")
+        inputs = _inputs(c, torch.float32, "cuda:1")
+        out, grads = _run(triton_attention, c, inputs, geom)
+        ref, ref_grads = _run(eager_attention, c, list(inputs), geom, _grad_out(out))
+    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
