@@ -102,7 +102,8 @@ class RelativeIndex:
         if device.type == "cpu" or torch.compiler.is_compiling():
             return self.lut.to(device)
         if device not in self._device_luts:
-            self._device_luts[device] = self.lut.to(device)
+            with torch.inference_mode(False):  # kept: a normal tensor, whatever mode the first call ran in
+                self._device_luts[device] = self.lut.to(device)
         return self._device_luts[device]
 
     def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
@@ -146,13 +147,15 @@ def kept(entries: OrderedDict, key: Hashable, build: Callable[[], Any], limit: i
     """``build()``, computed once per ``key`` and kept in ``entries`` (the ``limit`` latest keys: the least
     recently used is dropped). Built anew and not kept under ``torch.compile`` (part of the graph) and while a
     CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is handed out
-    again once the graph is freed."""
+    again once the graph is freed. Built outside ``torch.inference_mode``: a forward with grad after an
+    inference one would save the kept tensors for its backward, which inference tensors cannot be."""
     if torch.compiler.is_compiling() or capturing_cuda_graph():
         return build()
     if key in entries:
         entries.move_to_end(key)
     else:
-        entries[key] = build()
+        with torch.inference_mode(False):
+            entries[key] = build()
         if len(entries) > limit:
             entries.popitem(last=False)
     return entries[key]

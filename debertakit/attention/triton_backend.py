@@ -2230,21 +2230,21 @@ def _planned_call(
     attention probabilities or a dense mask (refused by the call), or not `_plannable`. The relative mapping by
     value (what the cached lookup tables are built from).
 
-    A geometry whose inputs are the shapes' alone adds its causality; their tensors are the same for every call
-    of the shapes (kept by the plan). Any other (a key mask, packed segments, explicit positions) adds the
-    tensors the kernels read of it (`_geometry_tensors`) to the plan's inputs, built here, before the plan (a
-    geometry's first call would otherwise be recorded building them, and one recorded later would keep another
-    geometry's), and to the key what the call decides from it on the host: causality, distance ``i - j``,
-    explicit positions, packing and the longest distance (the cut of the tables, far tiles)."""
+    The key holds what the call decides from the geometry on the host: causality, distance ``i - j``, explicit
+    positions, packing and the longest distance (the cut of the tables, far tiles). A geometry whose inputs are
+    the shapes' alone has its tensors the same for every call of the shapes (kept by the plan); any other (a key
+    mask, packed segments, explicit positions) adds the tensors the kernels read of it (`_geometry_tensors`) to
+    the plan's inputs, built here, before the plan (a geometry's first call would otherwise be recorded building
+    them, and one recorded later would keep another geometry's)."""
     if dropout_p != 0 or return_probs or geom.dense is not None or not _plannable(inputs):
         return None
-    key = (inputs[0].device, float(scale), terms, rel, bool(geom.causal))
+    q, k = inputs[0], inputs[1]
+    explicit = geom.q_positions is not None or geom.k_positions is not None
+    key = (q.device, float(scale), terms, rel, bool(geom.causal), geom.distance_is_i_minus_j(), explicit)
+    # (a geometry of shapes alone may still say how long its sequences are: ``max_seqlen``)
+    key += (geom.cu_seqlens is not None, geom.max_distance(q.shape[2], k.shape[2]))
     if not geom.depends_on_shapes_alone():
-        q, k = inputs[0], inputs[1]
         inputs += _geometry_tensors(geom, q.shape[0], q.shape[2], k.shape[2], q.device)
-        explicit = geom.q_positions is not None or geom.k_positions is not None
-        packed = geom.cu_seqlens is not None
-        key += (geom.distance_is_i_minus_j(), explicit, packed, geom.max_distance(q.shape[2], k.shape[2]))
     return (*key, *map(triton_plan.tensor_key, inputs)), inputs
 
 

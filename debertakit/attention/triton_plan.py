@@ -104,13 +104,25 @@ def serves(device: torch.device, mode: str) -> bool:
     """Whether calls on ``device`` are planned in ``mode`` (one of `MODES`), in this context: not under
     ``torch.compile``, while a CUDA graph is captured, under autocast, nor under a dispatch mode: a caller's (a
     probe counting operations, `torch.library.opcheck`'s checks: they would see a replay's few operations, or the
-    recording's mode beneath theirs), or the recorder's own (a call made inside a call being recorded)."""
+    recording's mode beneath theirs), or the recorder's own (a call made inside a call being recorded); nor under
+    a torch-function mode but ``torch.device``'s (a replay calls ATen operations, past a mode that would change
+    what ``torch.bmm`` returns; a device context changes only where factories without a device allocate, and a
+    call gives every allocation its device)."""
     if mode == "off" or (mode == "cuda" and device.type != "cuda"):
         return False
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
+    if torch._C._len_torch_function_stack() and not _device_contexts_alone():
+        return False
     autocast = torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
     return not autocast and not capturing_cuda_graph()
+
+
+def _device_contexts_alone() -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return all(type(mode) is DeviceContext for mode in _get_current_function_mode_stack())
 
 
 def tensor_key(t: Tensor | None) -> Hashable:
@@ -167,11 +179,9 @@ def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
         at = slot(x)
         return x if at is None else _Slot(at)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        # made again from its fields: a template holding the instance would keep the recorded call's tensors
         names = tuple(f.name for f in dataclasses.fields(x) if f.init)
-        return _Node(
-            lambda values, x=x, names=names: dataclasses.replace(x, **dict(zip(names, values))),
-            tuple(_template(getattr(x, name), slot) for name in names),
-        )
+        return _Node(_maker(type(x), names), tuple(_template(getattr(x, name), slot) for name in names))
     if isinstance(x, dict):
         keys = tuple(x)
         return _Node(
@@ -182,6 +192,11 @@ def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
     if isinstance(x, (tuple, list)):
         return _Node(type(x), tuple(_template(v, slot) for v in x))
     return x
+
+
+def _maker(kind: type, names: tuple[str, ...]) -> Callable[[list], Any]:
+    """A dataclass's instance made from its fields' values, in ``names``' order."""
+    return lambda values: kind(**dict(zip(names, values)))
 
 
 def _build(node: Any, view: Callable[[int], Tensor]) -> Any:
@@ -366,6 +381,9 @@ class _Recorder(TorchDispatchMode):
             return None
         if any(tag in func.tags for tag in _REFUSED_TAGS) and not _static_index(func, args):
             return f"the call runs {func}, whose result a replay would not repeat"
+        if torch.Tag.inplace_view in func.tags:
+            # (a view's size and strides are recorded as the call left them, for the steps before too)
+            return f"{func} changes a tensor's size or strides in place"
         written = _written(func, args, kwargs)
         if any(self.origin.get(id(t), -1) < self.inputs for t in written):
             return f"{func} writes into a tensor the call did not make"
@@ -385,8 +403,11 @@ class _Recorder(TorchDispatchMode):
             self.steps.append(("copy", args[0], args[1]))
             return None
         new = []
+        given = _tensors((args, kwargs))
         for at, t in enumerate(outs):
-            if not any(t is w for w in written):
+            # (an output that is an argument itself, written or returned as it is, `type_as` to its own dtype
+            # under inference mode: no new root)
+            if not any(t is g for g in given):
                 new.append(at)
                 self._derive(t, len(self.roots))
                 self.roots.append(t)
@@ -487,6 +508,15 @@ def _shares_storage(t: Tensor, parent: Any) -> bool:
     )
 
 
+def _tensors(x: Any) -> list[Tensor]:
+    """The tensors in ``x``'s tuples, lists and dicts."""
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, dict):
+        x = tuple(x.values())
+    return [t for item in x for t in _tensors(item)] if isinstance(x, (tuple, list)) else []
+
+
 def _written(func, args: tuple, kwargs: dict) -> list[Tensor]:
     """The tensors ``func`` writes into: its arguments marked as written in its schema (``self`` of an in-place
     operation, ``out=``)."""
@@ -500,12 +530,12 @@ def _written(func, args: tuple, kwargs: dict) -> list[Tensor]:
 
 
 def _static_index(func, args: tuple) -> bool:
-    """An index by integer tensors alone (``t[:, rows]``): its shape follows from theirs."""
+    """An index by int64 or int32 tensors alone (``t[:, rows]``): its shape follows from theirs (a bool or uint8
+    index is a mask, whose result's shape follows from its values)."""
     if func is not _STATIC_INDEX:
         return False
     return all(
-        i is None or (isinstance(i, Tensor) and not i.dtype.is_floating_point and i.dtype != torch.bool)
-        for i in args[1]
+        i is None or (isinstance(i, Tensor) and i.dtype in (torch.int64, torch.int32)) for i in args[1]
     )
 
 

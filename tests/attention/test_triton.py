@@ -4649,3 +4649,18 @@ def test_a_call_on_another_cuda_device_than_the_current_one_gpu():
         out, grads = _run(triton_attention, c, inputs, geom)
         ref, ref_grads = _run(eager_attention, c, list(inputs), geom, _grad_out(out))
     _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))
+
+
+def test_a_training_step_after_an_inference_mode_call(monkeypatch):
+    """What the backend keeps across calls (the mapping's lookup tables and cells, the rows of geometries of
+    shapes alone) is made of normal tensors even when the first call ran under `torch.inference_mode`: a
+    forward with grad saves them for its backward, which inference tensors cannot be. (A mapping and a store of
+    the shapes' rows of the test's own: nothing kept by an earlier test.)"""
+    monkeypatch.setattr(triton_backend, "_SHAPE_INPUTS", type(triton_backend._SHAPE_INPUTS)())
+    c = Case(n=16, rel=RelativeIndex(span=6, bucket_size=6, max_position=12))
+    inputs = _inputs(c, torch.float32, DEVICE)
+    with torch.inference_mode():
+        triton_attention(*inputs, c.rel, Geometry(), scale=0.3, terms=c.terms)
+    out, grads = _run(triton_attention, c, inputs, Geometry())
+    ref, ref_grads = _run(eager_attention, c, list(inputs), Geometry(), _grad_out(out))
+    _assert_close(c, inputs, torch.float32, (out, *grads), (ref, *ref_grads))

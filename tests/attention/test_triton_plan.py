@@ -613,6 +613,14 @@ def test_a_view_operation_that_copies_is_replayed_as_an_operation(mode):
         (lambda x: torch.empty(3, 4).view(torch.int32), True, "views a tensor as another dtype"),
         (lambda x: torch.empty(3, 4), False, "handed no launch"),
         (lambda x: _CONSTANT, True, "returns a tensor that is not one of its own"),
+        pytest.param(
+            lambda x: x[0][(x[0] > 0).to(torch.uint8)],
+            True,
+            "a replay would not repeat",
+            marks=pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8"),
+        ),
+        (lambda x: torch.empty(3, 4).t_(), True, "changes a tensor's size or strides in place"),
+        (lambda x: (_CONSTANT.type_as(x).add_(0), torch.empty(3))[1], True, "writes into a tensor"),
     ],
     ids=[
         "writes_an_input",
@@ -623,6 +631,9 @@ def test_a_view_operation_that_copies_is_replayed_as_an_operation(mode):
         "dtype_view",
         "no_launch",
         "result_a_kept_tensor",
+        "uint8_mask_index",
+        "in_place_view",
+        "writes_a_kept_tensor_returned_as_itself",
     ],
 )
 def test_recordings_refuse_what_a_replay_would_not_repeat(body, launches, reason):
@@ -636,6 +647,94 @@ def test_recordings_refuse_what_a_replay_would_not_repeat(body, launches, reason
 
     _, plan, refusal = _record(call, torch.randn(3, 4))
     assert plan is None and reason in refusal
+
+
+def test_an_operation_that_returns_its_argument_adds_no_root():
+    """Under inference mode ``type_as`` to a tensor's own dtype reaches the recorder and returns its argument
+    itself: the steps that read it read the input still, replayed on a new one."""
+    double = _Kernel(lambda x, out: out.copy_(2 * x))
+
+    def call(x, like):
+        same = x.type_as(like)
+        out = torch.empty_like(same)
+        _launch(double, same, out)
+        return out
+
+    with torch.inference_mode():
+        x, like = torch.randn(3, 4), torch.randn(3, 4)
+        _, plan, refusal = _record(call, x, like)
+        assert refusal is None
+        x = torch.randn(3, 4)
+        assert torch.equal(plan.run((x, like))[0], 2 * x)
+
+
+def test_a_plan_does_not_keep_the_recorded_call_s_tensors():
+    """A launch argument rebuilt per replay (a descriptor) is made from its fields' templates: the plan holds no
+    reference to the recorded call's buffer, which is freed with the call's result."""
+    import gc
+    import weakref
+
+    store = _Kernel(lambda x, desc: desc.base[: x.numel()].copy_(x.flatten()))
+    made = []
+
+    def call(x):
+        out = torch.empty(1 << 16)
+        made.append(weakref.ref(out))
+        _launch(store, x, _Descriptor(out, [out.numel()]))
+        return out
+
+    x = torch.randn(3, 4)
+    result, plan, refusal = triton_plan.record(lambda: (call(x), None), (x,))
+    assert refusal is None
+    del result
+    gc.collect()
+    assert made[0]() is None
+    assert plan.run((torch.randn(3, 4),))[0].shape == (1 << 16,)
+
+
+def test_torch_function_modes_turn_plans_off_but_device_contexts():
+    """A replay calls ATen operations directly, past a torch-function mode that would change a call's results
+    (one that rounds ``torch.bmm``'s, say); ``torch.device``'s context changes only where factories without a
+    device allocate."""
+    from torch.overrides import TorchFunctionMode
+
+    class Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    device = torch.device(DEVICE)
+    assert triton_plan.serves(device, "always")
+    with Probe():
+        assert not triton_plan.serves(device, "always")
+    with torch.device(DEVICE):
+        assert triton_plan.serves(device, "always")
+
+
+def test_a_geometry_s_max_seqlen_is_in_the_key_without_masks(monkeypatch, plans):
+    """A geometry without masks that says how long its sequences are (``max_seqlen``) cuts the tables there: a
+    plan recorded on a geometry without it is not replayed for it."""
+    c, dtype = Case(n=16, rel=CLAMP), torch.float16
+    for seed in range(3):
+        inputs = _values(c, dtype, seed)
+        geom = Geometry() if seed < 2 else Geometry(max_seqlen=4)
+        with torch.no_grad():
+            got, _ = triton_attention(*inputs, c.rel, geom, scale=0.3, terms=c.terms)
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setattr(triton_backend, "CALL_PLANS", "off")
+            want, _ = triton_attention(*inputs, c.rel, dataclasses.replace(geom), scale=0.3, terms=c.terms)
+        assert torch.equal(got, want), f"call {seed}"
+    assert plans.hits == 0 and len(_whole(plans)) == 2
+
+
+def test_the_backend_reads_no_value_on_the_host_that_the_recorder_cannot_see():
+    """``.tolist()`` and ``.numpy()`` read a tensor's values without an ATen operation the recorder would refuse
+    (``.item()`` and ``bool()`` are seen): the backend's call path has none (the interpreter's rounding patch,
+    inside a launch, is not a call's)."""
+    for module in (triton_backend, triton_backend._products()):
+        source = inspect.getsource(module)
+        reads = [m.start() for m in re.finditer(r"\.(tolist|numpy)\(", source)]
+        lines = [source[source.rfind("\n", 0, at) + 1 : source.find("\n", at)].strip() for at in reads]
+        assert all("interpreter.TensorHandle(rounded" in line for line in lines), lines
 
 
 def test_recording_is_per_thread_and_not_nested():
