@@ -2004,9 +2004,8 @@ def _planned_bwd(dout, q, k, v, out, lse, pos_q, pos_k, aux, scale, config) -> t
 
     inputs = (dout, q, k, v, out, lse, pos_q, pos_k, *aux)
     key = _body_key("backward", inputs, scale, config)
-    with _on_device(
-        q.device
-    ):  # (autograd runs a CUDA backward on its device already; a direct caller may not)
+    # (autograd runs a CUDA backward on its device already; a direct caller may not)
+    with _on_device(q.device):
         return call() if key is None else _PLANS.call(key, inputs, call, timed=q.is_cuda)
 
 

@@ -119,6 +119,7 @@ def serves(device: torch.device, mode: str) -> bool:
 
 
 def _device_contexts_alone() -> bool:
+    """Whether every torch-function mode in force is a ``torch.device`` context (`serves`)."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
 
