@@ -83,12 +83,16 @@ class Geometry:
             allowed = both(self.dense.bool())
         return allowed
 
+    def explicit_positions(self) -> bool:
+        """Whether the caller gave positions (of the queries, the keys or both) rather than ``arange(N)``."""
+        return self.q_positions is not None or self.k_positions is not None
+
     def distance_is_i_minus_j(self) -> bool:
         """Whether every visible pair is at distance ``i - j`` (row indices): default positions, or a packed row
         (positions restart with each sequence and cross-sequence pairs are hidden, so within a sequence
         ``pos_i - pos_j == i - j``). Fast backends then need no position loads and treat the relative terms
         as Toeplitz."""
-        if self.q_positions is None and self.k_positions is None:
+        if not self.explicit_positions():
             return True
         return (
             self.cu_seqlens is not None

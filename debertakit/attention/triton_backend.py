@@ -2075,7 +2075,7 @@ def _key_ranges(geom: Geometry, B: int, NQ: int, NK: int, device: torch.device) 
         # also leave the block-wide min / max of their neighbours alone
         kv_lo, kv_hi = torch.where(real, cu[s], NK), torch.where(real, cu[s + 1], 0)
         q_lo, q_hi = torch.where(real, cu[s], NQ), torch.where(real, cu[s + 1], 0)
-    default_positions = geom.q_positions is None and geom.k_positions is None
+    default_positions = not geom.explicit_positions()
     if geom.causal and NQ == NK and (packed or default_positions):
         idx = torch.arange(NQ, device=device)[None]
         kv_hi = torch.minimum(kv_hi, idx + 1)
@@ -2133,7 +2133,7 @@ def _build_geometry_inputs(
     q_seg = _rows(geom.q_segments, B, NQ)
     k_seg = _rows(geom.k_segments, B, NK)
     k_mask = _rows(geom.key_mask, B, NK)
-    explicit = geom.q_positions is not None or geom.k_positions is not None
+    explicit = geom.explicit_positions()
     if explicit and geom.cu_seqlens is None:
         _check_distinct(q_pos, q_seg, None, "query")
         _check_distinct(k_pos, k_seg, k_mask, "key")
@@ -2238,8 +2238,8 @@ def _planned_call(
     if dropout_p != 0 or return_probs or geom.dense is not None or not _plannable(inputs):
         return None
     q, k = inputs[0], inputs[1]
-    explicit = geom.q_positions is not None or geom.k_positions is not None
-    key = (q.device, float(scale), terms, rel, bool(geom.causal), geom.distance_is_i_minus_j(), explicit)
+    key = (q.device, float(scale), terms, rel, bool(geom.causal), geom.distance_is_i_minus_j())
+    key += (geom.explicit_positions(),)
     # (a geometry of shapes alone may still say how long its sequences are: ``max_seqlen``)
     key += (geom.cu_seqlens is not None, geom.max_distance(q.shape[2], k.shape[2]))
     if not geom.depends_on_shapes_alone():
@@ -2303,7 +2303,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
     device = q.device
     ij = geom.distance_is_i_minus_j()
     q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi = _geometry_tensors(geom, B, NQ, NK, device)
-    explicit = geom.q_positions is not None or geom.k_positions is not None
+    explicit = geom.explicit_positions()
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
     cells, band, q_lut = None, 0, None  # the distance tables' cells (`_distance_cells`), the query rows' LUT

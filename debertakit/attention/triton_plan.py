@@ -477,11 +477,7 @@ class _Recorder(TorchDispatchMode):
     def _holds_call_tensors(self, x: Any) -> bool:
         """Whether ``x`` is a container `_template` takes apart (a tuple, list, dict or dataclass instance) holding
         a tensor of the call."""
-        if isinstance(x, Tensor) or not (isinstance(x, (tuple, list, dict)) or dataclasses.is_dataclass(x)):
-            return False
-        found = []
-        _template(x, lambda t: found.append(t) if self._of_call(t) else None)
-        return bool(found)
+        return not isinstance(x, Tensor) and any(self._of_call(t) for t in _tensors(x))
 
     def _of_call(self, t: Any) -> bool:
         """Whether ``t`` is a tensor of the call: an input, an operation's output, or a view of one."""
@@ -510,10 +506,12 @@ def _shares_storage(t: Tensor, parent: Any) -> bool:
 
 
 def _tensors(x: Any) -> list[Tensor]:
-    """The tensors in ``x``'s tuples, lists and dicts."""
+    """The tensors in ``x``'s tuples, lists, dicts and dataclass instances (`_template`'s containers)."""
     if isinstance(x, Tensor):
         return [x]
-    if isinstance(x, dict):
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        x = tuple(getattr(x, f.name) for f in dataclasses.fields(x) if f.init)
+    elif isinstance(x, dict):
         x = tuple(x.values())
     return [t for item in x for t in _tensors(item)] if isinstance(x, (tuple, list)) else []
 
