@@ -48,6 +48,8 @@ Sections (all bfloat16 on one CUDA device):
    ``triton (no call plans)`` is ``triton`` with every call made, none replayed from its signature's plan
    (`triton_backend.CALL_PLANS` "off"; `triton_plan`), and ``triton (Triton's launch path)`` with its launches
    through Triton's own path instead of the shorter one (`triton_launch.LAUNCH_PATH` "triton").
+   ``triton (deterministic algorithms)`` is ``triton`` under `torch.use_deterministic_algorithms`: the tables'
+   gradients summed into their rows in a fixed order (`triton_backend._into_rows`), new buffers filled.
    ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
@@ -447,6 +449,7 @@ def _attention_rows(
             CUSTOM_OP_ROW: dict(_attention=triton_backend._fwd_op),
             TRITON_LAUNCH_ROW: dict(LAUNCH_PATH="triton"),
             NO_PLANS_ROW: dict(CALL_PLANS="off"),
+            DETERMINISTIC_ROW: dict(deterministic_algorithms=True),
         }
         for row, settings in changed.items():
             candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
@@ -571,6 +574,10 @@ TRITON_LAUNCH_ROW = "triton (Triton's launch path)"
 # default before 2026-11-28; `triton_plan`), against the default's replays: what the plans save a forward call
 # on the host. Plans serve forwards without grad alone, so the forward+backward is the same as `triton`'s
 NO_PLANS_ROW = "triton (no call plans)"
+# `triton` under PyTorch's deterministic algorithms (`torch.use_deterministic_algorithms`): the backward sums the
+# tables' gradients into their rows in a fixed order (`triton_backend._into_rows`) and new buffers are filled
+# before use, as PyTorch does there. What reproducible training costs a call
+DETERMINISTIC_ROW = "triton (deterministic algorithms)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -638,6 +645,7 @@ def attention_row_names() -> list[str]:
         CUSTOM_OP_ROW,
         TRITON_LAUNCH_ROW,
         NO_PLANS_ROW,
+        DETERMINISTIC_ROW,
         SHARED_GEOMETRY_ROW,
         GRAPHED_ROW,
         PLAIN_ROW,
@@ -687,17 +695,40 @@ def _max_diff(fwd: Callable, reference) -> float | str | None:
     return diff if diff == diff and diff != float("inf") else "not finite"
 
 
-def _with_backend_settings(run: Callable, **settings) -> Callable:
+def _with_backend_settings(run: Callable, deterministic_algorithms: bool = False, **settings) -> Callable:
     """``run`` with module settings of `triton_backend` changed for the call and restored after it:
-    ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles); and of
-    `triton_launch`: ``LAUNCH_PATH="triton"``."""
+    ``NEAR_BAND="skew"`` (the skewed kernels), ``TILE_OVERRIDES={}`` (the backend's own tiles); of
+    `triton_launch`: ``LAUNCH_PATH="triton"``; and with ``deterministic_algorithms`` under PyTorch's."""
     from debertakit.attention import triton_backend, triton_launch
 
     launch = {name: value for name, value in settings.items() if name == "LAUNCH_PATH"}
     backend = {name: value for name, value in settings.items() if name != "LAUNCH_PATH"}
     if launch:
         run = mock.patch.multiple(triton_launch, **launch)(run)
+    if deterministic_algorithms:
+        run = _deterministic(run)
     return mock.patch.multiple(triton_backend, **backend)(run) if backend else run
+
+
+def _deterministic(run: Callable) -> Callable:
+    """``run`` under `torch.use_deterministic_algorithms` (cuBLAS's workspace set as they require on CUDA), the
+    previous setting restored after."""
+    import torch
+
+    @functools.wraps(run)
+    def wrapped(*args, **kwargs):
+        before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        with mock.patch.dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8"):
+            torch.use_deterministic_algorithms(True)
+            try:
+                return run(*args, **kwargs)
+            finally:
+                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+    return wrapped
 
 
 # ----------------------------------------------------------------------------------------------- 1b. dropout

@@ -119,7 +119,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   replayed as a CUDA graph (`attention_gpu.GRAPHED_ROW`: what the host's work costs a call),
 #   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), with Triton's own
 #   launch path (`attention_gpu.TRITON_LAUNCH_ROW`: what the shorter one saves a call), without call plans
-#   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call);
+#   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call), under PyTorch's
+#   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -136,6 +137,7 @@ ROADS = [
     "triton (through the custom op)",
     "triton (Triton's launch path)",
     "triton (no call plans)",
+    "triton (deterministic algorithms)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",

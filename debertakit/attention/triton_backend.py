@@ -1753,9 +1753,18 @@ def _into_rows(
     per_distance: Tensor, lut: Tensor, rows: int, scale: float, out: Tensor | None = None
 ) -> Tensor:
     """(H, W, ...) values per distance, times ``scale``, added into the table rows they index through the LUT:
-    (H, R, ...), into ``out`` where given (zeros: `_fold_pair` allocates both sides' at once)."""
+    (H, R, ...), into ``out`` where given (zeros: `_fold_pair` allocates both sides' at once).
+
+    Several distances share a row past the log buckets' exact range, and CUDA's `index_add_` adds them by atomics
+    in the order the threads arrive: two backwards on the same inputs give the tables' gradients a rounding apart
+    (seen on an H200). Under `torch.use_deterministic_algorithms` the rows are summed in a fixed order instead
+    (`index_put_` with ``accumulate`` sorts the indices and adds each row's values one after another), as PyTorch's
+    own ops do there; not by default, where it cost a forward+backward 0.09-0.11 ms at N = 512 and 0.13-0.18 ms
+    at 2048, 4-5% (H200, `benchmarks/attention_gpu.py`, against two other machines of the same lease)."""
     if out is None:
         out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
+    if torch.are_deterministic_algorithms_enabled():
+        return torch.ops.aten.index_put_(out, [None, lut], per_distance * scale, True)
     return out.index_add_(1, lut, per_distance, alpha=scale)
 
 
@@ -2259,8 +2268,10 @@ def _plan_mode() -> str:
 
 def _plan_settings() -> tuple:
     """What `_PLANS` compares at every call: this module's globals (a setting or function patched in is seen) and
-    the tile overrides' entries (a dict the benchmark may fill in place)."""
-    return tuple(_GLOBALS.values()), tuple(TILE_OVERRIDES.items())
+    the tile overrides' entries (a dict the benchmark may fill in place), and whether PyTorch's deterministic
+    algorithms are asked for (`_into_rows` records other ops then)."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return tuple(_GLOBALS.values()), tuple(TILE_OVERRIDES.items()), deterministic
 
 
 _GLOBALS = globals()

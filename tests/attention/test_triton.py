@@ -17,6 +17,7 @@ they store for the position tables), which `eager` (all float32) does not; one b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -1950,6 +1951,61 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(monkeypatch, warn_only: bool = False):
+    """PyTorch's deterministic algorithms asked for (`torch.use_deterministic_algorithms`; cuBLAS's workspace set
+    as they require on CUDA), the previous setting restored after."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+# The ops whose CUDA kernels add by atomics in the order the threads arrive, so that two runs on the same inputs
+# may round apart (PyTorch's notes on reproducibility): none belongs on the backend's path under PyTorch's
+# deterministic algorithms (`_into_rows`).
+_ADDS_IN_THREAD_ORDER = (
+    "aten.index_add",
+    "aten.scatter_add",
+    "aten.scatter_reduce",
+    "aten.index_reduce",
+    "aten.put",
+)
+
+
+@pytest.mark.parametrize(
+    "road, name, band, dtype",
+    [
+        ("distance", "n70_saturating", None, torch.float32),
+        ("distance", "packed_causal", None, torch.bfloat16),
+        ("distance", "wide_padding", 16, torch.bfloat16),
+        ("distance", "wide_d64_heads2", 32, torch.float32),
+        ("tables", "n70_saturating", None, torch.float32),
+        ("skew", "padding", None, torch.float32),
+        ("skew-forward", "n70_saturating", None, torch.bfloat16),
+    ],
+)
+def test_forward_backward_adds_in_a_fixed_order(monkeypatch, road, name, band, dtype):
+    """Under PyTorch's deterministic algorithms no op of a forward+backward adds by atomics on CUDA
+    (`_ADDS_IN_THREAD_ORDER`) on any road, in bands or not, 16-bit (the fold kernels) or float32, and none refuses
+    to run: a training step on the same inputs gives the same gradients bit for bit
+    (`test_backward_is_the_same_bit_for_bit_gpu` checks it on CUDA)."""
+    _near_band(monkeypatch, road)
+    if band is not None:
+        _distance_bands(monkeypatch, band)
+    c = BANDED_GRID[name] if band is not None else GRID[name]
+    with deterministic_algorithms(monkeypatch), _Ops() as probe:
+        _run(triton_attention, c, _inputs(c, dtype, DEVICE), _geometry(c, DEVICE))
+    found = [op for op in probe.ops if op.startswith(_ADDS_IN_THREAD_ORDER)]
+    assert sum(probe.ops.values()) > 20 and not found, found
+
+
 def _through_the_custom_op(monkeypatch) -> None:
     """Calls run the custom op (as compiled graphs do; eager calls run its body without it: `_attention`), so that
     `_Ops` counts the op's work as one op and what the call does around it op by op."""
@@ -2645,6 +2701,27 @@ def test_matches_eager_gpu(name, dtype):
     _compare(GPU_GRID[name], dtype, "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("road", ROADS_AT_I_MINUS_J)
+@pytest.mark.parametrize("n, batch", [(512, 4), (2048, 2)])
+def test_backward_is_the_same_bit_for_bit_gpu(monkeypatch, n, batch, road):
+    """Under PyTorch's deterministic algorithms (nothing on the path refuses them), three forward+backward passes
+    on the same inputs (v3-base positions, 12 heads, bfloat16, no call plans) give the same output and gradients
+    bit for bit. Without them CUDA's `index_add_` folds the tables' gradients into their rows (`_into_rows`), and
+    two passes gave gradients a rounding apart on an H200."""
+    monkeypatch.setattr(triton_backend, "CALL_PLANS", "off")
+    _near_band(monkeypatch, road)
+    c = Case(n=n, batch=batch, heads=12, dim=64, rel=V3)
+    inputs, geom = _inputs(c, torch.bfloat16, "cuda"), _geometry(c, "cuda")
+    with deterministic_algorithms(monkeypatch):
+        first, *others = [_run(triton_attention, c, inputs, geom) for _ in range(3)]
+    for out, grads in others:
+        for name, a, b in zip(
+            ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (out, *grads), (first[0], *first[1])
+        ):
+            assert torch.equal(a, b), name
+
+
 GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None]
 
 
@@ -2841,6 +2918,29 @@ def test_gpu_benchmark_rows_keep_their_settings_through_the_backward(monkeypatch
     assert [r["impl"] for r in rows] == [bench.CELL_STORES_ROW]
     assert seen == ["cells"]  # the forward+backward call's backward, under the row's setting
     assert triton_backend.GRADIENT_STORES == "aligned"  # restored after it
+
+
+def test_gpu_benchmark_deterministic_row_runs_its_backward_under_them(monkeypatch):
+    """The row `triton (deterministic algorithms)` runs its whole forward+backward under PyTorch's deterministic
+    algorithms (the backward's `_into_rows` sees them), and the setting is restored after it."""
+    bench = _benchmark_module()
+    args = bench.parse_args(["--smoke", "--sections", "attention"])
+    args.tokens, args.heads, args.head_dim = 16, 2, 16
+    seen, real = [], triton_backend._into_rows
+
+    def spy(*a, **kw):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real(*a, **kw)
+
+    def once(fn, device):  # the timer: one call
+        fn()
+        return {"ms": 1.0, "peak_gib": None}
+
+    monkeypatch.setattr(triton_backend, "_into_rows", spy)
+    rows = bench._attention_rows(args, 16, "cpu", torch.float32, only=(bench.DETERMINISTIC_ROW,), timer=once)
+    assert [r["impl"] for r in rows] == [bench.DETERMINISTIC_ROW]
+    assert seen and all(seen), seen
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):

@@ -26,7 +26,7 @@ from debertakit.attention import (  # noqa: E402
     triton_plan,
 )
 from debertakit.attention.triton_backend import triton_attention  # noqa: E402
-from tests.attention.test_triton import CLAMP, DEVICE, Case  # noqa: E402
+from tests.attention.test_triton import CLAMP, DEVICE, Case, deterministic_algorithms  # noqa: E402
 
 PLAN_GRID = {
     "v3_buckets_bf16": (Case(n=40, batch=2, heads=2), torch.bfloat16),  # far tiles: FAR copied from COL
@@ -137,10 +137,14 @@ def test_forward_backward_replays_at_real_sizes(monkeypatch):
     c = Case(n=512, batch=4, heads=12, dim=64, rel=V3_BASE)
     for seed in range(8):
         inputs = _values(c, torch.bfloat16, seed)
-        with monkeypatch.context() as m:
-            m.setattr(triton_backend, "CALL_PLANS", "off")
-            want = _forward_backward(c, inputs)
-        for a, b in zip(_forward_backward(c, inputs), want, strict=True):
+        with deterministic_algorithms(
+            monkeypatch, warn_only=True
+        ):  # the tables' rows summed in a fixed order
+            with monkeypatch.context() as m:
+                m.setattr(triton_backend, "CALL_PLANS", "off")
+                want = _forward_backward(c, inputs)
+            got = _forward_backward(c, inputs)
+        for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), f"step {seed}"
     assert store.recorded == 2 and store.hits >= 2 * triton_plan.TIMED_CALLS
 
@@ -227,6 +231,25 @@ def test_forwards_with_grad_and_backwards_are_replayed_from_their_bodies_plans(m
     # (each of the three saturates: FAR copied from COL's saturated cells, replayed)
     assert sum(type(step).__name__ == "_Copy" for step in bodies["forward"].plan.steps) == 1
     assert (plans.recorded, plans.hits) == (2, 4)
+
+
+def test_plans_follow_the_deterministic_algorithms_setting(monkeypatch, plans):
+    """Plans recorded without PyTorch's deterministic algorithms are not replayed under them (the backward sums the
+    tables' rows by other ops there, `_into_rows`): the setting is in every plan's key. Under them a training
+    step's bodies are recorded again and replayed bit for bit."""
+    c, dtype = TRAINING_GRID["v1_clamp"]
+    for seed in range(3):  # made, recorded, replayed
+        _forward_backward(c, _values(c, dtype, seed))
+    assert (plans.recorded, plans.hits) == (2, 2)
+    with deterministic_algorithms(monkeypatch):
+        for seed in range(3, 7):
+            inputs = _values(c, dtype, seed)
+            with monkeypatch.context() as m:
+                m.setattr(triton_backend, "CALL_PLANS", "off")
+                want = _forward_backward(c, inputs)
+            for a, b in zip(_forward_backward(c, inputs), want, strict=True):
+                assert torch.equal(a, b), f"call {seed}"
+    assert (plans.recorded, plans.hits) == (4, 6)
 
 
 def _masked_geometry(name: str, c: Case, seed: int) -> Geometry:
