@@ -2901,22 +2901,10 @@ def test_gpu_benchmark_rows_keep_their_settings_through_the_backward(monkeypatch
     band settings) itself. Until 2026-11-27 the forward alone ran under the row's setting, so that rows of
     backward settings timed the default's backward."""
     bench = _benchmark_module()
-    args = bench.parse_args(["--smoke", "--sections", "attention"])
-    args.tokens, args.heads, args.head_dim = 16, 2, 16
-    seen, real = [], triton_backend._gradient_stride
-
-    def spy(*a, **kw):
-        seen.append(triton_backend.GRADIENT_STORES)
-        return real(*a, **kw)
-
-    def once(fn, device):  # the timer: one call
-        fn()
-        return {"ms": 1.0, "peak_gib": None}
-
-    monkeypatch.setattr(triton_backend, "_gradient_stride", spy)
-    rows = bench._attention_rows(args, 16, "cpu", torch.float32, only=(bench.CELL_STORES_ROW,), timer=once)
-    assert [r["impl"] for r in rows] == [bench.CELL_STORES_ROW]
-    assert seen == ["cells"]  # the forward+backward call's backward, under the row's setting
+    stores = _seen_in_a_rows_call(
+        monkeypatch, bench.CELL_STORES_ROW, "_gradient_stride", lambda: triton_backend.GRADIENT_STORES
+    )
+    assert stores == ["cells"]  # the forward+backward call's backward, under the row's setting
     assert triton_backend.GRADIENT_STORES == "aligned"  # restored after it
 
 
@@ -2924,23 +2912,33 @@ def test_gpu_benchmark_deterministic_row_runs_its_backward_under_them(monkeypatc
     """The row `triton (deterministic algorithms)` runs its whole forward+backward under PyTorch's deterministic
     algorithms (the backward's `_into_rows` sees them), and the setting is restored after it."""
     bench = _benchmark_module()
+    modes = _seen_in_a_rows_call(
+        monkeypatch, bench.DETERMINISTIC_ROW, "_into_rows", torch.are_deterministic_algorithms_enabled
+    )
+    assert modes and all(modes), modes
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
+    """What ``observe()`` gave at each call of `triton_backend`'s ``spied`` while the GPU benchmark timed its
+    attention row ``row`` once (a forward, then a forward+backward; tiny shapes on the CPU)."""
+    bench = _benchmark_module()
     args = bench.parse_args(["--smoke", "--sections", "attention"])
     args.tokens, args.heads, args.head_dim = 16, 2, 16
-    seen, real = [], triton_backend._into_rows
+    seen, real = [], getattr(triton_backend, spied)
 
     def spy(*a, **kw):
-        seen.append(torch.are_deterministic_algorithms_enabled())
+        seen.append(observe())
         return real(*a, **kw)
 
     def once(fn, device):  # the timer: one call
         fn()
         return {"ms": 1.0, "peak_gib": None}
 
-    monkeypatch.setattr(triton_backend, "_into_rows", spy)
-    rows = bench._attention_rows(args, 16, "cpu", torch.float32, only=(bench.DETERMINISTIC_ROW,), timer=once)
-    assert [r["impl"] for r in rows] == [bench.DETERMINISTIC_ROW]
-    assert seen and all(seen), seen
-    assert not torch.are_deterministic_algorithms_enabled()
+    monkeypatch.setattr(triton_backend, spied, spy)
+    rows = bench._attention_rows(args, 16, "cpu", torch.float32, only=(row,), timer=once)
+    assert [r["impl"] for r in rows] == [row]
+    return seen
 
 
 def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
