@@ -89,7 +89,9 @@ Sections (all bfloat16 on one CUDA device):
    ``latency`` (not run by default): the ``model`` section's batch-1 forward under `torch.profiler`, for our
    model with each backend and Hugging Face's: host time per operator, GPU kernels launched and their time;
    then under `cProfile`: host time per Python function (what lies between the operators); and the GPU
-   synchronisations of one call (PyTorch's sync debug mode).
+   synchronisations of one call (PyTorch's sync debug mode). The same for the attention layer's `triton` row at
+   N = 512 (``triton (attention layer)``), its forward and its forward+backward: where the host's time of a
+   training step's attention goes.
 3. ``packed``: variable-length batches (lengths uniform in [32, 512], 16384 real tokens): our model packed
    (``cu_seqlens``, no padding) against the same sequences padded to the longest, ours and Hugging Face's;
    tokens/s counts real tokens only.
@@ -1413,6 +1415,39 @@ def latency_section(args, device: str, dtype) -> Iterator[Unit]:
 
     for name, build, _ in _models(args, device):
         yield f"latency {name}", functools.partial(measure, name, build)
+    n = min(args.lengths) if args.smoke else LATENCY_LAYER_N  # (the smoke run's short length)
+    yield f"latency {LATENCY_LAYER} N={n}", functools.partial(_layer_latency, args, n, device, dtype)
+
+
+# The attention layer's `triton` row (the `attention` section's shape: batch·N = --tokens) at the length where a
+# forward+backward's host time reached its GPU time on an H200 (2.10 against 2.09 ms a call, seventh lease): the
+# latency section splits its forward and its forward+backward by operator and Python function too
+LATENCY_LAYER, LATENCY_LAYER_N = "triton (attention layer)", 512
+
+
+def _layer_latency(args, n: int, device: str, dtype) -> list[dict]:
+    """`latency`'s rows of the attention layer's `triton` row at ``n``: its forward without grad, then its
+    forward+backward, each profiled as the section profiles a model's forward."""
+    rows: list[dict] = []
+
+    def profiled(fn: Callable[[], object], device: str) -> dict:
+        mode = "forward+backward" if rows else "forward"
+        row = {
+            "section": "latency",
+            "impl": LATENCY_LAYER,
+            "mode": mode,
+            "n": n,
+            "batch": max(1, args.tokens // n),
+        }
+        row.update(host_profile(fn, device))
+        if "error" not in row:
+            row.update(python_profile(fn))
+            row["syncs"] = count_syncs(fn, device)
+        rows.append(row)
+        return {"error": row["error"]} if "error" in row else {"ms": row["host_ms"], "peak_gib": None}
+
+    _attention_rows(args, n, device, dtype, only=("triton",), timer=profiled)
+    return rows
 
 
 def print_latency(rows: list[dict]) -> None:
@@ -1422,7 +1457,8 @@ def print_latency(rows: list[dict]) -> None:
             print(f"{r['impl']:20s} {r['error']}")
             continue
         gpu = "" if r["gpu_ms"] is None else f", GPU {r['gpu_ms']:.3f} ms in {r['launches']:.0f} kernels"
-        print(f"{r['impl']:20s} host {r['host_ms']:.3f} ms{gpu}: {_top_kernels(r['host_ops'], 6, 40)}")
+        name = r["impl"] if r["mode"] == "forward batch 1" else f"{r['impl']} {r['mode']}"
+        print(f"{name:20s} host {r['host_ms']:.3f} ms{gpu}: {_top_kernels(r['host_ops'], 6, 40)}")
         if "python_funcs" in r:
             print(f"{'':20s} Python {r['python_ms']:.3f} ms: {_top_kernels(r['python_funcs'], 6, 50)}")
         if r.get("syncs") is not None:

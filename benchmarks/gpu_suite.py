@@ -444,7 +444,8 @@ PLAN = [
         out="attention_gpu_model.json",
     ),
     _bench(
-        "latency", "one request's latency: host time per operator and function, GPU syncs", 120, 45,
+        "latency", "one request's latency and the attention layer's training call at N = 512: host time per "
+        "operator and function, GPU syncs", 120, 45,
         "--sections", "latency", out="attention_gpu_latency.json",
     ),
     _bench(

@@ -3574,10 +3574,12 @@ def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_
     import json
 
     bench = _benchmark_with_two_models(monkeypatch)
+    layer_lengths = []  # the attention layer's unit, at the smoke run's length (its rows: the test below)
+    monkeypatch.setattr(bench, "_layer_latency", lambda args, n, device, dtype: layer_lengths.append(n) or [])
     out = tmp_path / "latency.json"
     assert bench.main(["--smoke", "--sections", "latency", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["impl"] for r in rows] == ["ours/eager", "hf eager"]
+    assert [r["impl"] for r in rows] == ["ours/eager", "hf eager"] and layer_lengths == [16]
     for r in rows:
         assert r["section"] == "latency" and r["batch"] == 1 and r["gpu_ms"] is None
         assert r["host_ms"] >= max(r["host_ops"].values()) > 0
@@ -3590,6 +3592,26 @@ def test_gpu_benchmark_latency_section_splits_a_batch_1_forward_by_operator(tmp_
     assert any(f.startswith(("layers.py", "eager.py")) for f in ours)
     assert any(f.startswith("modeling_deberta_v2.py") for f in hf)
     assert "host time by operator" in capsys.readouterr().out
+
+
+def test_gpu_benchmark_latency_section_splits_the_attention_layers_training_call(monkeypatch):
+    """``--sections latency`` also profiles the attention layer's `triton` row (`LATENCY_LAYER`): its forward, then
+    its forward+backward, the backward's work among the operators (the eager calls' autograd function) and more
+    host time than the forward's, each split by Python function too."""
+    bench = _benchmark_module()
+    monkeypatch.setattr(bench, "PROFILE_CALLS", 1)  # (the interpreter runs the kernels)
+    args = bench.parse_args(["--smoke", "--sections", "latency"])
+    args.tokens, args.heads, args.head_dim = 32, 2, 16
+    rows = bench._layer_latency(args, 16, "cpu", torch.float32)
+    assert [(r["impl"], r["mode"], r["n"], r["batch"]) for r in rows] == [
+        (bench.LATENCY_LAYER, "forward", 16, 2),
+        (bench.LATENCY_LAYER, "forward+backward", 16, 2),
+    ]
+    forward, training = rows
+    assert any("Backward" in op for op in training["host_ops"]) and training["host_ms"] > forward["host_ms"]
+    assert not any("Backward" in op for op in forward["host_ops"])
+    assert all(r["python_ms"] >= sum(r["python_funcs"].values()) > 0 for r in rows)
+    assert all(r["gpu_ms"] is None and r["syncs"] is None for r in rows)  # (CUDA only)
 
 
 def test_gpu_benchmark_model_section_times_our_batch_1_forward_as_a_cuda_graph_too(tmp_path, monkeypatch):
