@@ -1759,7 +1759,8 @@ def _into_rows(
     in the order the threads arrive: two backwards on the same inputs give the tables' gradients a rounding apart
     (seen on an H200). Under `torch.use_deterministic_algorithms` the rows are summed in a fixed order instead
     (`index_put_` with ``accumulate`` sorts the indices and adds each row's values one after another), as PyTorch's
-    own ops do there; not by default, where it cost a forward+backward 0.09-0.11 ms at N = 512 and 0.13-0.18 ms
+    own ops do there (the branch is ours, not left to `index_add_`'s handling of the mode, so that the CPU's tests
+    see it); not by default, where it cost a forward+backward 0.09-0.11 ms at N = 512 and 0.13-0.18 ms
     at 2048, 4-5% (H200, `benchmarks/attention_gpu.py`, against two other machines of the same lease)."""
     if out is None:
         out = per_distance.new_zeros((per_distance.shape[0], rows, *per_distance.shape[2:]))
