@@ -1420,7 +1420,7 @@ def latency_section(args, device: str, dtype) -> Iterator[Unit]:
 
 
 # The attention layer's `triton` row (the `attention` section's shape: batch·N = --tokens) at the length where a
-# forward+backward's host time reached its GPU time on an H200 (2.10 against 2.09 ms a call, seventh lease): the
+# forward+backward's host time reached the call's time on an H200 (2.10 against 2.09 ms, seventh lease): the
 # latency section splits its forward and its forward+backward by operator and Python function too
 LATENCY_LAYER, LATENCY_LAYER_N = "triton (attention layer)", 512
 
