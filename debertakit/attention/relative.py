@@ -145,12 +145,21 @@ class RelativeIndex:
 
 def kept(entries: OrderedDict, key: Hashable, build: Callable[[], Any], limit: int) -> Any:
     """``build()``, computed once per ``key`` and kept in ``entries`` (the ``limit`` latest keys: the least
-    recently used is dropped). Built anew and not kept under ``torch.compile`` (part of the graph) and while a
-    CUDA graph is captured: a tensor made then lives in that graph's private memory pool, which is handed out
-    again once the graph is freed. Built outside ``torch.inference_mode``: a forward with grad after an
-    inference one would save the kept tensors for its backward, which inference tensors cannot be."""
-    if torch.compiler.is_compiling() or capturing_cuda_graph():
+    recently used is dropped). Built anew and not kept under ``torch.compile`` (part of the graph). While a CUDA
+    graph is captured, an entry kept before (by the warm-up forwards a capture follows) serves, and is pinned
+    (`_CAPTURED`): the graph reads its memory at every replay, so dropping it from ``entries`` must not free it;
+    otherwise built anew and not kept, since a tensor made then lives in that graph's private memory pool, which
+    is handed out again once the graph is freed. (Built anew in every capture, a v3 call's lookup tables and
+    distance cells were 20 small kernels in every layer of every replay.) Built outside ``torch.inference_mode``:
+    a forward with grad after an inference one would save the kept tensors for its backward, which inference
+    tensors cannot be."""
+    if torch.compiler.is_compiling():
         return build()
+    if capturing_cuda_graph():
+        if key not in entries:
+            return build()
+        _CAPTURED[id(entries[key])] = entries[key]
+        return entries[key]
     if key in entries:
         entries.move_to_end(key)
     else:
@@ -159,6 +168,11 @@ def kept(entries: OrderedDict, key: Hashable, build: Callable[[], Any], limit: i
         if len(entries) > limit:
             entries.popitem(last=False)
     return entries[key]
+
+
+# Entries `kept` served to a CUDA graph's capture, by identity: never dropped, as the graph may be replayed for as
+# long as the process runs (a few small tensors per captured shape).
+_CAPTURED: dict[int, Any] = {}
 
 
 def capturing_cuda_graph() -> bool:

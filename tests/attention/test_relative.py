@@ -64,6 +64,32 @@ def test_derived_inputs_made_while_a_cuda_graph_is_captured_are_not_kept(monkeyp
     assert len(builds) == 3
 
 
+def test_derived_inputs_kept_before_a_capture_serve_it_and_outlive_their_dropping(monkeypatch):
+    """An entry kept before a CUDA graph's capture (by the warm-up forwards) serves the capture itself, not one
+    built again (kernels the graph would run at every replay), and is pinned: the graph reads it at every replay,
+    so dropping it from the cache later must not free it."""
+    import gc
+    import weakref
+
+    from debertakit.attention import relative
+
+    monkeypatch.setattr(relative, "DERIVED_KEPT", 1)
+    monkeypatch.setattr(relative, "_CAPTURED", {})
+    rel = RelativeIndex(span=8, bucket_size=4, max_position=16)
+    builds = []
+    first = rel.cached("rows", lambda: builds.append(1) or torch.zeros(2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert rel.cached("rows", lambda: builds.append(1) or torch.zeros(2)) is first and len(builds) == 1
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    alive = weakref.ref(first)
+    del first
+    rel.cached("other rows", lambda: builds.append(1) or torch.ones(2))  # drops "rows" (one entry kept)
+    gc.collect()
+    assert alive() is not None and list(relative._CAPTURED.values()) == [alive()]
+    assert rel.cached("rows", lambda: builds.append(1) or torch.zeros(2)) is not alive() and len(builds) == 3
+
+
 @pytest.mark.parametrize("args", [(256, 256, 512, 0), (256, 256, 512, 37), (512, 0, 0, 0), (8, 4, 8, 3)])
 def test_the_host_row_of_a_distance_is_its_index(args):
     """`RelativeIndex.row` (Python ints, no tensor: what a backend looks up without a copy to the device) gives

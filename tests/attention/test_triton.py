@@ -2045,6 +2045,32 @@ def test_geometries_without_masks_share_their_inputs(monkeypatch):
     assert captured[0].shape == (4, 8) and len(kept) == 2 and (4, 8, 8, dev, False) not in kept
 
 
+def test_a_captured_call_runs_the_ops_of_a_call_outside_the_capture(monkeypatch):
+    """After a warm-up call, a call while a CUDA graph is captured (stood in for) runs the same torch ops as one
+    outside it, and gives the same output: the lookup tables, distance cells and geometry inputs kept by the
+    warm-up serve the capture (`relative.kept`). Built again there, they were more ops, kernels the
+    graph would run at every replay."""
+    from debertakit.attention import relative, triton_plan
+
+    monkeypatch.setattr(relative, "_CAPTURED", {})
+    c = GRID["n70_saturating"]
+    geom = _geometry(c, DEVICE)
+    inputs = [t.detach() for t in _inputs(c, torch.bfloat16, DEVICE)]
+
+    def call():
+        with _Ops() as probe:
+            out, _ = triton_attention(*inputs, c.rel, geom, scale=0.2, terms=c.terms)
+        return out, probe.ops
+
+    call()  # the warm-up
+    want, outside = call()
+    for module in (relative, triton_backend, triton_plan):
+        monkeypatch.setattr(module, "capturing_cuda_graph", lambda: True)
+    got, captured = call()
+    assert captured == outside and sum(outside.values()) > 5, captured - outside
+    assert torch.equal(got, want) and relative._CAPTURED
+
+
 def test_layers_after_the_first_reuse_the_geometrys_inputs(monkeypatch):
     """Positions, segments, key mask and block ranges are the same in every layer: built on the first call with a
     geometry, then reused (one forward of a base model calls the backend 12 times with one geometry)."""
