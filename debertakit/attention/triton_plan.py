@@ -179,9 +179,9 @@ def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
     if isinstance(x, Tensor):
         at = slot(x)
         return x if at is None else _Slot(at)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    names = _init_fields(x)
+    if names is not None:
         # made again from its fields: a template holding the instance would keep the recorded call's tensors
-        names = tuple(f.name for f in dataclasses.fields(x) if f.init)
         return _Node(_maker(type(x), names), tuple(_template(getattr(x, name), slot) for name in names))
     if isinstance(x, dict):
         keys = tuple(x)
@@ -193,6 +193,13 @@ def _template(x: Any, slot: Callable[[Tensor], int | None]) -> Any:
     if isinstance(x, (tuple, list)):
         return _Node(type(x), tuple(_template(v, slot) for v in x))
     return x
+
+
+def _init_fields(x: Any) -> tuple[str, ...] | None:
+    """The names of a dataclass instance's fields that make it again (``init``), or None for anything else."""
+    if not dataclasses.is_dataclass(x) or isinstance(x, type):
+        return None
+    return tuple(f.name for f in dataclasses.fields(x) if f.init)
 
 
 def _maker(kind: type, names: tuple[str, ...]) -> Callable[[list], Any]:
@@ -509,8 +516,9 @@ def _tensors(x: Any) -> list[Tensor]:
     """The tensors in ``x``'s tuples, lists, dicts and dataclass instances (`_template`'s containers)."""
     if isinstance(x, Tensor):
         return [x]
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        x = tuple(getattr(x, f.name) for f in dataclasses.fields(x) if f.init)
+    names = _init_fields(x)
+    if names is not None:
+        x = tuple(getattr(x, name) for name in names)
     elif isinstance(x, dict):
         x = tuple(x.values())
     return [t for item in x for t in _tensors(item)] if isinstance(x, (tuple, list)) else []
