@@ -113,9 +113,13 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
 
     The patched ``_patch_lang`` counts, per language module, the launches whose patches are in place, and
     skips a call whose modules are all in place; any other call (a launch, or a helper whose module sees a
-    language module the launch's does not) patches as before. Triton 3.6 to 3.9 (the releases checked) have
-    ``_LangPatchScope``; earlier ones patch for good and are left as they are. The patch is the process's.
-    Idempotent."""
+    language module the launch's does not) patches as before. Only a launch is counted: a call made while
+    nothing is in place (launches do not nest). A helper's patching is never restored, so a count of it would
+    never come down, and every later launch would skip its patching and fail on the first builtin ("Did you
+    forget to add @triton.jit ?"): seen where a kernel launched before this patch was made (a test's probe
+    kernel calling our helpers) left ``tl.cdiv`` to be called as a helper, whose module is ``tl.core``.
+    Triton 3.6 to 3.9 (the releases checked) have ``_LangPatchScope``; earlier ones patch for good and are left
+    as they are. The patch is the process's. Idempotent."""
     import triton.language as tl
     from triton.runtime import interpreter
 
@@ -132,6 +136,8 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
         if modules and all(in_place.get(id(m), 0) for m in modules):
             return interpreter._LangPatchScope()  # nothing to do, nothing to restore
         scope = patch_lang(fn)
+        if any(in_place.values()):  # a helper inside a launch: patched as before, its scope never restored
+            return scope
         for m in modules:
             in_place[id(m)] = in_place.get(id(m), 0) + 1
         restore = scope.restore

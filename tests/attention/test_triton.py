@@ -501,6 +501,35 @@ def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     assert [pkg is tl for pkg in patches].count(True) == 3
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's patching")
+def test_interpreter_counts_only_launches_as_patches_in_place():
+    """A helper patched inside a launch because it sees a language module the launch's does not (``tl.core``
+    beside ``tl``, as ``tl.cdiv``'s module does) is not counted: its patching is never restored, and a count of
+    it would have every later launch skip its own patching (each then failed on its first builtin, after a
+    test's probe kernel had run before the kernels were first loaded)."""
+    from triton.runtime import interpreter
+
+    triton_backend._kernels()
+
+    def launch():  # a kernel of this module: its globals hold ``tl``
+        pass
+
+    helper = type(launch)(
+        launch.__code__, {"tl": tl, "core": tl.core}, "helper"
+    )  # ``tl.core`` too, as cdiv's
+    scope = interpreter._patch_lang(launch)
+    inner = interpreter._patch_lang(helper)
+    assert scope._changes and inner._changes  # both patched: the helper's module was not in place
+    interpreter._LangPatchScope.restore(inner)  # undone as the launch's end would not (Triton's own restore)
+    scope.restore()
+    again = interpreter._patch_lang(launch)
+    try:
+        assert again._changes  # a launch patches: nothing is counted in place any more
+    finally:
+        again.restore()
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
+
+
 def test_repeated_explicit_positions_are_refused():
     c = Case(n=8)
     geom = Geometry(q_positions=torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
