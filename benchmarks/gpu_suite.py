@@ -120,7 +120,9 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   through the custom op (`attention_gpu.CUSTOM_OP_ROW`: what the op's dispatch costs a call), with Triton's own
 #   launch path (`attention_gpu.TRITON_LAUNCH_ROW`: what the shorter one saves a call), without call plans
 #   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call), under PyTorch's
-#   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call);
+#   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call), with
+#   the forward's tables cut to the saturation (`attention_gpu.FORWARD_REACH_ROW`: fewer cells written against a
+#   select per pair in the near tiles);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -138,6 +140,7 @@ ROADS = [
     "triton (Triton's launch path)",
     "triton (no call plans)",
     "triton (deterministic algorithms)",
+    "triton (forward tables to the saturation)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",

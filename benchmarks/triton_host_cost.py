@@ -31,7 +31,9 @@ launches per direction, which the default no longer makes). Its folds are counte
 (`FOLD_PRODUCT`, `FOLD_SUMS` "cublas", the default until 2026-11-27); the rows ", fold kernels" count the
 default's folds, by kernels of ours (not counted); the rows ", default kernels" the default's tables and
 folds, both by kernels of ours: what a call launches besides them (", sums by cell": with the fold sums summed
-by cell in the kernel). Every row counts the launches of our Triton kernels too.
+by cell in the kernel). The rows ", forward tables to the saturation" count the distance road (its tables by the
+matmul) with the forward's tables cut to the saturation (`triton_backend.FORWARD_REACH`): the bytes the tables'
+products write, against the plain "distance" rows. Every row counts the launches of our Triton kernels too.
 
     python benchmarks/triton_host_cost.py            # table + benchmarks/results/triton_host_cost.json
 """
@@ -167,6 +169,7 @@ def measure(
     fold: bool = False,
     product: bool = False,
     cells: bool = False,
+    reach: str = "tiles",
 ) -> dict:
     """Host-side work of one forward and one backward of the attention layer at (tokens // n, n), with
     `triton_backend.NEAR_BAND` = ``near_band``; with ``keep`` the backward reads the forward's tables
@@ -175,7 +178,8 @@ def measure(
     (`triton_backend.FOLD_PRODUCT`, `FOLD_SUMS` "triton": kernels of ours, not counted, as the attention
     kernels are not); with ``product`` too the distance tables come from `triton_products`' kernel
     (`DISTANCE_PRODUCT` "triton"): the default's kernels; with ``cells`` the fold sums summed by cell in the
-    kernel (`FOLD_SUMS_REDUCTION` "cells"). Each phase's ``kernels`` counts its launches of our Triton kernels by
+    kernel (`FOLD_SUMS_REDUCTION` "cells"); with ``reach`` "saturation" the forward's distance tables cut to the
+    saturation (`triton_backend.FORWARD_REACH`). Each phase's ``kernels`` counts its launches of our Triton kernels by
     name."""
     batch = tokens // n
     rel = V3_BASE
@@ -220,6 +224,7 @@ def measure(
         NEAR_BAND=near_band,
         DISTANCE_PRODUCT="triton" if product else "cublas",
         FOLD_SUMS_REDUCTION="cells" if cells else "classes",
+        FORWARD_REACH=reach,
         tiles_for=gpu_tiles_for(),
     )
     with mock.patch.multiple(triton_backend, **patches):
@@ -233,7 +238,8 @@ def measure(
         near_band=near_band
         + (", tables kept" if keep else "")
         + (", default kernels" if product else ", fold kernels" if fold else "")
-        + (", sums by cell" if cells else ""),
+        + (", sums by cell" if cells else "")
+        + (", forward tables to the saturation" if reach == "saturation" else ""),
     )
     row.update(attention_fwd_flops=attention, kept_bytes=kept_bytes[0])
     for phase, rec in calls.items():
@@ -298,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     rows += [
         measure(n, args.tokens, args.heads, args.dim, "distance", fold=True, product=True, cells=True)
         for n in args.lengths
+    ]
+    # the distance road with the forward's tables cut to the saturation (`triton_backend.FORWARD_REACH`), built by
+    # the matmul, so that the bytes of the tables it writes are counted (against the plain "distance" rows)
+    rows += [
+        measure(n, args.tokens, args.heads, args.dim, "distance", reach="saturation") for n in args.lengths
     ]
     table = _table(rows)
     print(table)

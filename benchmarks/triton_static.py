@@ -22,7 +22,9 @@ occur, three runs per program); ``short``, ``short+dist`` and both ``+dropout`` 
 than it (v3 at N <= 512): one near run per program, whose backward sums no saturated pair, and with distance
 tables its gradients in the tables' bands, stored 16 bytes at a time (``GRAD_BANDS``:
 `triton_backend.GRADIENT_STORES`). They are shown, not used to choose: their code is the long sets' less the far
-runs and the sums.
+runs and the sums. The forward is also compiled with its distance tables cut to the saturation (``v3+dist+edges``,
+``packed+dist+edges`` and both with dropout: `triton_backend.FORWARD_REACH` = "saturation", ``EDGES``: the near
+tiles select the saturated values for their pairs beyond the tables' reach), shown, not used to choose.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
 distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
@@ -99,6 +101,12 @@ _SHORT_SETS = {
     for road in ("", "+dist")
     for drop in ("", "+dropout")
 }
+# the forward on the distance road with its tables cut to the saturation (``EDGES``: `triton_backend.FORWARD_REACH`
+# = "saturation"): its near tiles' pairs beyond the tables' reach take the saturated values; shown, not
+# configured (the forward runs at the distance road's tiles)
+_EDGE_SETS = {
+    f"{name}+edges": dict(f, EDGES=True) for name, f in {**_DIST_SETS, **_DIST_DROPOUT_SETS}.items()
+}
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **_DIST_SETS,
@@ -107,6 +115,7 @@ FEATURES = {
     **{f"{name}+skew": dict(_SETS[name], DROPOUT=False, SKEW=True) for name in ("v3", "packed")},
     **{f"{name}+skew+dropout": dict(_SETS[name], DROPOUT=True, SKEW=True) for name in ("v3", "packed")},
     **_SHORT_SETS,
+    **_EDGE_SETS,
     "plain": dict(
         IJ=True,
         HAS_ROW=False,
@@ -126,7 +135,7 @@ USES = {
     "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
     "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
 }
-FORWARD_ONLY = ("plain",)
+FORWARD_ONLY = ("plain", *_EDGE_SETS)
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
 # for the skewed backward, whose two extra products per near tile need the registers of a larger tile (16x32
@@ -309,7 +318,8 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
         for version in sorted({r["triton"] for r in rows}):
             plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
             sets = (*_SETS, *_DIST_SETS, *(name for name, f in _SHORT_SETS.items() if not f["DROPOUT"]))
-            for feature in ("plain", *sets) if kernel == "_fwd_kernel" else sets:
+            edges = (name for name, f in _EDGE_SETS.items() if not f["DROPOUT"])
+            for feature in ("plain", *sets, *edges) if kernel == "_fwd_kernel" else sets:
                 loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
                 if not loops:
                     continue
@@ -422,6 +432,8 @@ def write_report(
         "one backward branch; the `short` sets, no far tile, one near loop), the same per score (times the tile's",
         "threads, over its scores), and for the forward",
         "the costlier far loop over the single loop of the same kernel without position terms (plain attention).",
+        "The forward's `+edges` sets cut its distance tables to the saturation (`triton_backend.FORWARD_REACH`):",
+        "their near loop selects the saturated values for the pairs beyond the tables' reach.",
         "Static: a loop's instructions, not its time (latencies, memory and the tensor cores' throughput differ).",
         "",
         costs,

@@ -42,6 +42,7 @@ FLAGS = (
     "DIST",
     "FAR_TILES",
     "GRAD_BANDS",
+    "EDGES",  # the forward's only (its distance tables cut to the saturation: `triton_backend.FORWARD_REACH`)
 )
 # with DIST, ROW / COL are distance tables: the inputs' dtype, at a row step R that is a multiple of 16
 # (`triton_backend._distance_tables`)
@@ -265,6 +266,8 @@ def compile_kernel(
     from triton.compiler import ASTSource
 
     prec = 1 if dtype == "fp32" else 0
+    # a flag not given is off (a kernel's flags added later: callers name the ones they set)
+    flags = dict.fromkeys(FLAGS, False) | flags
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, **flags)
     constexprs["WT"] = tiles.skew_width  # the skewed kernels' table block (see kernels)
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}

@@ -393,6 +393,44 @@ def _distance_layout(
     return banded
 
 
+# How far the forward's distance tables reach on either side of distance 0 where far tiles occur (one band):
+# "tiles", as the backward's (`_distance_reach`: beyond the farthest pair of a near tile, the saturation plus the
+# largest BLOCK_M + BLOCK_N of the three kernels, 608 at v3's sat = 512 with the GPU's tiles: 1217 cells a row),
+# or "saturation", the saturation rounded up to `DIST_ALIGN` (512: 1025 cells, 16% fewer bytes written by the
+# product kernel per forward). Past the saturation every cell repeats a row's end, so a near tile's pairs beyond
+# the cut take the ends instead, as a far tile does: the forward's near tiles select per pair (``EDGES``,
+# `triton_kernels._beyond_reach`; at v3's tiles for head dim 64 on sm_90, 168 / 167 registers a thread under
+# Triton 3.9 / 3.6 against 166 / 148, and 92 / 110 more instructions in the near loop:
+# `benchmarks/triton_static.py`, the ``+edges`` sets). The forward's output is the same (the tests: bit for bit
+# against the uncut tables, and against `eager`); the backward builds its own tables, uncut. Untimed on a GPU:
+# the benchmark's row "triton (forward tables to the saturation)" times it beside the default.
+FORWARD_REACH_MODES = ("tiles", "saturation")
+FORWARD_REACH = "tiles"
+
+
+def _cuts_forward_tables(layout: tuple[int, int, int], far_tiles: bool, sat: int) -> bool:
+    """Whether the forward reads distance tables of its own, cut to the saturation (`FORWARD_REACH`): one band
+    (``layout``: `_distance_layout`) wider than that where far tiles occur, and the forward's tables not kept
+    for the backward (`KEEP_TABLES`), which reads the uncut ones."""
+    _check_mode("FORWARD_REACH", FORWARD_REACH, FORWARD_REACH_MODES)
+    band, _, cells = layout
+    return (
+        FORWARD_REACH == "saturation"
+        and far_tiles
+        and band == 0
+        and not KEEP_TABLES
+        and _aligned(sat) < cells // 2
+    )
+
+
+def _forward_cells(cells: Tensor, sat: int) -> Tensor:
+    """One band's (2, 1, 2·reach + 1) cells (`_distance_cells`) cut to the distances -t … t, t the saturation
+    rounded up to `DIST_ALIGN` (`FORWARD_REACH`): the middle 2·t + 1, contiguous (the product kernel reads them
+    as rows)."""
+    reach, t = cells.shape[2] // 2, _aligned(sat)
+    return cells[..., reach - t : reach + t + 1].contiguous()
+
+
 def _distance_offset(band: int, cells: int) -> int:
     """The cell of distance 0 in a band's first row, where the kernels' ROW / COL pointers start: the reach with
     one band, the band's rows with bands (`_distance_layout`)."""
@@ -1134,6 +1172,7 @@ class _Aux(NamedTuple):
     seed: Tensor | None  # the dropout seed (`_draw_seed`)
     cells: Tensor | None  # the distance tables' cells (`_distance_cells`)
     q_lut: Tensor | None  # the query rows' distance buffer's lookup table (`_mirrored`), where ROW is read
+    fwd_cells: Tensor | None  # the forward's cells where they are cut to the saturation (`_forward_cells`)
 
 
 AUX_COUNT = len(_Aux._fields)  # `_Aux`'s tensors; the backward's ``aux`` may hold the kept tables after them
@@ -1190,14 +1229,14 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
     """`_fwd` (the same arguments): its out and lse, and the position inputs its kernel read (the tables a
     backward may keep)."""
     dev = q.device
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _ = _Aux(*aux)
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _, fwd_cells = _Aux(*aux)
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
     with _autocast_off(dev.type):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
         inputs = _position_inputs(
-            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD, cells, sat,
-            scale, band,
+            q, k, pos_q, pos_k, lut, c2p, p2c, p2p, ij, drop_t > 0, k_mask, far_tiles, FORWARD,
+            cells if fwd_cells is None else fwd_cells, sat, scale, band,
         )  # fmt: skip
         skew, dist, row, col, far, R, PQ, PK, TR, _, _ = inputs
         out = torch.empty_like(q, dtype=_out_dtype(q, drop_t))
@@ -1212,7 +1251,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
-            SKEW=skew, DIST=dist, WT=t.skew_width,
+            SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
         )  # fmt: skip
     return out, lse, inputs
 
@@ -1793,7 +1832,7 @@ def _bwd(
     as an eager forward kept them (`KEEP_TABLES`), which the backward then reads instead of building them."""
     dev = q.device
     kept = tuple(aux[AUX_COUNT:]) or None
-    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut = _Aux(
+    lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut, _ = _Aux(
         *aux[:AUX_COUNT]
     )
     sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
@@ -1974,7 +2013,8 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pos_q, pos_k, scale, config, *aux):
         out, lse, inputs = _planned_forward(q, k, v, pos_q, pos_k, list(aux), scale, config)
-        keep = KEEP_TABLES and inputs.dist and any(ctx.needs_input_grad[:5])
+        # (a forward's tables cut to the saturation are not the backward's: `_forward_cells`)
+        keep = KEEP_TABLES and inputs.dist and _Aux(*aux).fwd_cells is None and any(ctx.needs_input_grad[:5])
         kept = (inputs.row, inputs.col, inputs.far) if keep else ()
         _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse), kept)
         ctx.mark_non_differentiable(lse)
@@ -2325,6 +2365,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
     cells, band, q_lut = None, 0, None  # the distance tables' cells (`_distance_cells`), the query rows' LUT
+    fwd_cells = None  # the forward's, where they differ (`_forward_cells`)
     if c2p or p2c or p2p:
         # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
         sat = rel.saturation
@@ -2346,6 +2387,10 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
             cells = rel.cached(
                 ("triton-cells", sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
             )
+            if _cuts_forward_tables(layout, far_tiles, sat):
+                fwd_cells = rel.cached(
+                    ("triton-cells-forward", sat, rows, layout, device), lambda: _forward_cells(cells, sat)
+                )
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
@@ -2368,7 +2413,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
         )
     seed = _draw_seed(device) if drop_t > 0 else None
     aux = _Aux(
-        lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed=seed, cells=cells, q_lut=q_lut
+        lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut, fwd_cells
     )
     config = _Config(int(sat), c2p, p2c, p2p, bool(geom.causal), ij, far_tiles, drop_t=drop_t, band=band)
     out, _ = _attention(

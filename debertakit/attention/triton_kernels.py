@@ -138,6 +138,9 @@ _FAR_RIGHT = tl.constexpr(1)
 _NEAR = tl.constexpr(2)
 _FAR_LEFT = tl.constexpr(3)
 _NEAR_ONLY = tl.constexpr(4)
+# _NEAR_CUT: the forward's near tiles where its distance tables stop short of the farthest pairs of some
+# (``EDGES``, `_runs`): those pairs take the saturated values, as in a far tile (`_beyond_reach`)
+_NEAR_CUT = tl.constexpr(5)
 
 
 @triton.jit
@@ -230,19 +233,20 @@ def _split(own, lo, SAT, OWN: tl.constexpr, OTHER: tl.constexpr):
 @triton.jit
 def _runs(
     own, lo, hi, SAT, OWN: tl.constexpr, OTHER: tl.constexpr, SPLIT: tl.constexpr, BEFORE: tl.constexpr,
-    AFTER: tl.constexpr, FAR_TILES: tl.constexpr,
+    AFTER: tl.constexpr, FAR_TILES: tl.constexpr, EDGES: tl.constexpr,
 ):  # fmt: skip
     """A program's loop over blocks ``[lo, hi)`` as runs of one kind of tile each: ``(kinds, bounds)``, run ``r``
     visiting ``[bounds[r], bounds[r + 1])``. With SPLIT (distance i - j with position terms) three runs cut by
     `_split`: BEFORE (far tiles of blocks before the program's), near, AFTER; or, without FAR_TILES, one near
     run (`_NEAR_ONLY`: the binary holds one loop, not three of which two never run); otherwise one run of any
-    kind."""
+    kind. With EDGES (the forward, its distance tables cut short of its near tiles' farthest pairs:
+    `triton_backend.FORWARD_REACH`) the near run is of `_NEAR_CUT` tiles."""
     if SPLIT and not FAR_TILES:
         kinds = (_NEAR_ONLY,)
         bounds = (lo, hi)
     elif SPLIT:
         first, last = _split(own, lo, SAT, OWN, OTHER)
-        kinds = (BEFORE, _NEAR, AFTER)
+        kinds = (BEFORE, _NEAR_CUT if EDGES else _NEAR, AFTER)
         bounds = (lo, tl.minimum(first, hi), tl.minimum(last, hi), hi)
     else:
         kinds = (_ANY,)
@@ -319,6 +323,22 @@ def _distance_terms(
     if HAS_COL and not KEYS_OWNED:
         terms += tl.load(COL + (offs_m[:, None] + offs_n[None, :] * R)).to(tl.float32)
     return terms
+
+
+@triton.jit
+def _beyond_reach(terms, offs_m, offs_n, reach, row_l, row_r, FARL, FARR):
+    """The position terms of a near tile of the forward (`_NEAR_CUT`) whose distance tables are cut to
+    ``reach`` (R / 2, at least SAT): the tile's pairs more than ``reach`` apart read a neighbouring row's cells
+    (`_distance_terms`: finite values, the loads unmasked) and take instead their side's saturated values, the
+    row's plus the column's, as a far tile adds them. Each is the cell the uncut table holds there, so the sum
+    is the same. Every near tile selects, though only a few at each end of the near run hold such a pair: a
+    branch around the selects took the forward to 178 registers a thread (two programs an SM at 4 warps, where
+    166 and this code's 168 fit three; sm_90, Triton 3.9, 64x32 w4 s2, d 64), and a loop of its own for those
+    tiles (five runs) to 200."""
+    delta = offs_m[:, None] - offs_n[None, :]
+    right = row_r[:, None] + _far_col(FARR, offs_n)[None, :]  # i - j > reach: keys well before
+    terms = tl.where(delta > reach, right, terms)
+    return tl.where(delta < -reach, row_l[:, None] + _far_col(FARL, offs_n)[None, :], terms)
 
 
 @triton.jit
@@ -446,7 +466,10 @@ def _tile(
                 s += (row_l * table_scale)[:, None]
             s += (_far_col(FARL, offs_n) * table_scale)[None, :]
         elif DIST:
-            s += _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW, HAS_COL, KEYS_OWNED)
+            terms = _distance_terms(ROW, COL, offs_m, offs_n, R, HAS_ROW, HAS_COL, KEYS_OWNED)
+            if KIND == _NEAR_CUT:
+                terms = _beyond_reach(terms, offs_m, offs_n, R // 2, row_l, row_r, FARL, FARR)
+            s += terms
         elif SKEW:
             s += _skew_terms(
                 q, k, PQ, PK, LUT, start_m, start_n, SAT, log2_scale,
@@ -831,6 +854,7 @@ def _fwd_kernel(
     DIST: tl.constexpr,
     WT: tl.constexpr,
     FAR_TILES: tl.constexpr,
+    EDGES: tl.constexpr,
 ):
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
@@ -878,8 +902,9 @@ def _fwd_kernel(
     log2_scale = scale * _LOG2E  # the scores in base 2 (see the module docstring)
     # at distance i - j three runs: far right (keys well before), near, far left
     kinds, bounds = _runs(
-        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT, FAR_TILES
-    )
+        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT, FAR_TILES,
+        EDGES and DIST,
+    )  # fmt: skip
     for run in tl.static_range(len(kinds)):
         acc, m_i, l_i = _fwd_keys(
             acc, m_i, l_i, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
@@ -1061,8 +1086,9 @@ def _dq_kernel(
     log2_scale = scale * _LOG2E
     # three runs, as in the forward
     kinds, bounds = _runs(
-        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT, FAR_TILES
-    )
+        start_m, lo, hi, SAT, BLOCK_M, BLOCK_N, IJ and (HAS_ROW or HAS_COL), _FAR_RIGHT, _FAR_LEFT, FAR_TILES,
+        False,
+    )  # fmt: skip
     for run in tl.static_range(len(kinds)):
         dq, far_l, far_r = _dq_keys(
             dq, far_l, far_r, bounds[run], bounds[run + 1], q, qpos, qpos_min, qpos_max, qseg, row_l, row_r,
@@ -1262,8 +1288,9 @@ def _dkv_kernel(
     log2_scale = scale * _LOG2E
     # at distance i - j three runs: far left (queries well before), near, far right
     kinds, bounds = _runs(
-        start_n, lo, hi, SAT, BLOCK_N, BLOCK_M, IJ and (HAS_ROW or HAS_COL), _FAR_LEFT, _FAR_RIGHT, FAR_TILES
-    )
+        start_n, lo, hi, SAT, BLOCK_N, BLOCK_M, IJ and (HAS_ROW or HAS_COL), _FAR_LEFT, _FAR_RIGHT, FAR_TILES,
+        False,
+    )  # fmt: skip
     for run in tl.static_range(len(kinds)):
         dk, dv, far_l, far_r = _dkv_queries(
             dk, dv, far_l, far_r, bounds[run], bounds[run + 1], k, v, offs_n, n_in, start_n, offs_d,

@@ -102,14 +102,16 @@ def _default_road(flags: dict) -> bool:
     if B.NEAR_BAND != "distance":
         return flags["IJ"] and flags["SKEW"] == B.NEAR_BAND.startswith("skew") and not flags["DIST"]
     aligned = B.GRADIENT_STORES == "aligned"
-    return flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
+    cut = B.FORWARD_REACH == "saturation"  # the forward's tables cut to the saturation (``EDGES``)
+    default = flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
+    return default and flags["EDGES"] == cut
 
 
 def configured(capability: int, everything: bool = True):
     """The configured tiles' configurations: bf16, both head dims, with and without dropout, every road (without
     ``everything``: the default road's (`_default_road`), and at RELEASED_HEAD_DIM every road but the skewed
     one, which `triton_backend.NEAR_BAND` takes only when set to it, with dropout the distance road's)."""
-    every = dict(dict.fromkeys(FLAGS, True), GRAD_BANDS=False)
+    every = dict(dict.fromkeys(FLAGS, True), GRAD_BANDS=False, EDGES=False)
     for head_dim in (64, 128):
         for dropout in (False, True):
             flags = dict(every, DROPOUT=dropout, SKEW=False, DIST=False)
@@ -131,6 +133,10 @@ def _variants(flags: dict):
     yield dict(flags, DIST=True)
     # with its gradients in the tables' one band, stored 16 bytes at a time (`GRADIENT_STORES`)
     yield dict(flags, DIST=True, GRAD_BANDS=True)
+    # and the forward's tables cut to the saturation, its near tiles selecting the saturated values beyond them
+    # (`FORWARD_REACH`; the backward kernels take no such flag: `_buildable`, and `main` builds each
+    # configuration once)
+    yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True)
     # inputs no longer than the saturation (v3 at N <= 512): one near run per program
     yield dict(flags, FAR_TILES=False)
     yield dict(flags, DIST=True, FAR_TILES=False)
@@ -169,6 +175,8 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
         flags = dict(flags, GRAD_BANDS=False)
     if not flags["IJ"]:  # tiles classified as they come: a far tile may always occur (`_far_tiles`)
         flags = dict(flags, FAR_TILES=True)
+    if flags["EDGES"] and (kernel != "_fwd_kernel" or not flags["DIST"] or not flags["FAR_TILES"]):
+        flags = dict(flags, EDGES=False)  # the forward's distance tables alone are cut, where far tiles occur
     return flags
 
 
@@ -209,10 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
     n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
+    built = set()
     for dtype, head_dim, every, capability, check in configurations(args.all) if kernels else ():
         for name in kernels:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
+            key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
+            if key in built:  # (a variant that differs only in a flag this kernel does not take)
+                continue
+            built.add(key)
             c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
             n += 1
             if c is not None and c.shared_bytes > SHARED_LIMITS[capability]:

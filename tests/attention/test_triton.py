@@ -396,6 +396,73 @@ def test_split_cuts_the_loop_exactly_where_tiles_saturate(own_block, other_block
         assert list(range(last, hi, other_block)) == far_after, case
 
 
+# Cases with far tiles (where the forward's tables may be cut): both position terms, each alone, v1's clamping,
+# padding, a causal mask, packed sequences, several heads and batch rows
+FORWARD_REACH_CASES = [
+    "n70_saturating", "v1_clamp_saturating", "c2p_only", "p2c_only", "padding", "causal", "packed",
+    "heads2_d32_batch2",
+]  # fmt: skip
+
+
+def _table_reaches(launches) -> dict[str, int]:
+    """R / 2 of the distance tables each recorded attention kernel read (`triton_access.record_run`'s
+    launches)."""
+    kernels = triton_backend._kernels()
+    return {
+        name: args[getattr(kernels, name).arg_names.index("R")] // 2
+        for name, (args, _) in launches.items()
+        if name in triton_backend.KERNEL_NAMES
+    }
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [(name, "float32") for name in FORWARD_REACH_CASES]
+    + [(name, "bfloat16") for name in ("n70_saturating", "padding", "packed")],
+)
+def test_forward_tables_cut_to_the_saturation_give_the_same_results(monkeypatch, name, dtype):
+    """`FORWARD_REACH = "saturation"`: the forward's distance tables reach the saturation rounded up to 16 (here
+    16 cells either side, against 48 for the tiles), its near tiles beyond it take the saturated values, and
+    output and gradients are those of the uncut tables bit for bit (a pair beyond the saturation reads, uncut,
+    a cell equal to its row's end); the backward reads its own, uncut tables."""
+    from debertakit.attention.triton_access import record_run
+
+    c = GRID[name]
+    geom, inputs = _geometry(c, DEVICE), _inputs(c, getattr(torch, dtype), DEVICE)
+    want = _run(triton_attention, c, inputs, geom)
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+    with record_run("triton_kernels.py") as (_, launches):
+        got = _run(triton_attention, c, inputs, geom)
+    assert launches["_fwd_kernel"][1]["EDGES"]
+    wide = triton_backend._distance_reach(c.rel.saturation, c.n, c.n, 32)  # the interpreter's 16x16 tiles
+    cut = triton_backend._aligned(c.rel.saturation)
+    assert _table_reaches(launches) == {"_fwd_kernel": cut, "_dq_kernel": wide, "_dkv_kernel": wide}
+    assert cut < wide
+    for label, a, b in zip(
+        ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (got[0], *got[1]), (want[0], *want[1])
+    ):
+        assert torch.equal(a, b), label
+
+
+@pytest.mark.parametrize(
+    "name, keep", [("n7", False), ("packed_short_sequences", False), ("n70_saturating", True)]
+)
+def test_forward_tables_stay_whole_where_nothing_is_cut(monkeypatch, name, keep):
+    """`FORWARD_REACH = "saturation"` cuts nothing where no tile is far (the tables' rows then hold only what
+    their pairs read: a short input, a row of short sequences), nor where the forward keeps its tables for the
+    backward (`KEEP_TABLES`, which reads them uncut): the forward's kernel is told of no edge tile, and the
+    call matches eager."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+    monkeypatch.setattr(triton_backend, "KEEP_TABLES", keep)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(GRID[name], torch.float32, DEVICE)
+    assert not launches["_fwd_kernel"][1]["EDGES"]
+    reaches = _table_reaches(launches)
+    assert reaches["_fwd_kernel"] == reaches["_dq_kernel"] == reaches["_dkv_kernel"]
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 def test_loaded_positions_path_matches_index_path(packed):
     """Distance i - j geometries skip the position loads (IJ); the same positions given explicitly take the
@@ -1935,6 +2002,17 @@ def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
     _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
 
 
+def test_forward_tables_cut_to_the_saturation_with_dropout_match_eager(monkeypatch):
+    """`FORWARD_REACH = "saturation"` with dropout (the forward's dropout tiles size the uncut tables): the
+    forward's tables cut, output and gradients equal eager's probabilities times the kernels' mask."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare_with_dropout(monkeypatch, GRID["n70_saturating"], torch.float32, DEVICE, 0.3)
+    assert launches["_fwd_kernel"][1]["EDGES"] and launches["_fwd_kernel"][1]["DROPOUT"]
+
+
 def test_bfloat16_dropout_gradients_are_as_close_to_float32_as_without_dropout(monkeypatch):
     """With dropout the backward's DELTA = dO·O needs O unrounded (`triton_backend._out_dtype`): a row's O is
     1/(1 - p) times part of a convex combination, and its 16-bit rounding would pass into every dS of the row.
@@ -2777,6 +2855,33 @@ def test_backward_is_the_same_bit_for_bit_gpu(monkeypatch, n, batch, road):
             assert torch.equal(a, b), name
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(n=2048, batch=2, heads=12, dim=64, rel=V3),
+        GPU_GRID["v3_padding"],
+        GPU_GRID["v3_packed_causal"],
+        Case(n=1100, batch=2, heads=4, dim=128, rel=V3),
+    ],
+    ids=["v3_n2048", "v3_padding", "v3_packed_causal", "v3_d128"],
+)
+def test_forward_tables_cut_to_the_saturation_give_the_same_results_gpu(monkeypatch, case):
+    """`FORWARD_REACH = "saturation"` at real sizes (bfloat16, the GPU's tiles and product kernel): output and
+    gradients those of the uncut tables bit for bit (PyTorch's deterministic algorithms on: the backward's
+    folds otherwise add in the order CUDA's threads arrive), and within the grid's tolerance of eager."""
+    inputs, geom = _inputs(case, torch.bfloat16, "cuda"), _geometry(case, "cuda")
+    with deterministic_algorithms(monkeypatch):
+        want = _run(triton_attention, case, inputs, geom)
+        monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+        got = _run(triton_attention, case, inputs, geom)
+    for label, a, b in zip(
+        ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (got[0], *got[1]), (want[0], *want[1])
+    ):
+        assert torch.equal(a, b), label
+    _compare(case, torch.bfloat16, "cuda")
+
+
 GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None]
 
 
@@ -2972,6 +3077,17 @@ def test_gpu_benchmark_deterministic_row_runs_its_backward_under_them(monkeypatc
     )
     assert modes and all(modes), modes
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_gpu_benchmark_forward_reach_row_cuts_the_forward_tables(monkeypatch):
+    """The row `triton (forward tables to the saturation)` makes its calls with `FORWARD_REACH` "saturation",
+    and the setting is restored after it."""
+    bench = _benchmark_module()
+    modes = _seen_in_a_rows_call(
+        monkeypatch, bench.FORWARD_REACH_ROW, "_cuts_forward_tables", lambda: triton_backend.FORWARD_REACH
+    )
+    assert modes and set(modes) == {"saturation"}, modes
+    assert triton_backend.FORWARD_REACH == "tiles"
 
 
 def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
@@ -3744,7 +3860,8 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     fold = "distance, fold kernels"  # the folds' products and sums by the fold kernels (`FOLD_PRODUCT`, `FOLD_SUMS`)
     default = "distance, default kernels"  # and the tables' products by `triton_products`' kernel
     by_cell = "distance, default kernels, sums by cell"  # and the fold sums by cell (`FOLD_SUMS_REDUCTION`)
-    bands = {"tables", "distance", "skew-forward", "skew", kept, fold, default, by_cell}
+    cut = "distance, forward tables to the saturation"  # `FORWARD_REACH`: nothing to cut at N = 64 (no far tile)
+    bands = {"tables", "distance", "skew-forward", "skew", kept, fold, default, by_cell, cut}
     assert {r["near_band"] for r in rows} == bands
     for r in rows:
         if r["near_band"] in (default, by_cell):  # no matmul around the kernels at all
@@ -3787,6 +3904,23 @@ def test_host_work_of_16bit_inputs_runs_on_the_tensor_cores(tmp_path):
     assert launches[default].pop("sum") == 1 and launches[by_cell] == launches[default]
     held = {r["near_band"]: r["kept_bytes"] for r in rows}
     assert held[kept] >= 2 * 2 * 64 * 2 * 2 and not any(v for band, v in held.items() if band != kept)
+    assert all(moved[cut, phase] == moved["distance", phase] for phase in ("forward", "backward"))
+
+
+def test_host_cost_counts_the_forward_tables_cut_to_the_saturation():
+    """`triton_host_cost`'s rows with `FORWARD_REACH` "saturation", where far tiles occur (v3 base, N = 1024):
+    the forward's tables' products (by the matmul) over 2·512 + 1 cells a row instead of the 2·reach + 1 of the
+    GPU's tiles (`_distance_reach`), so in that ratio, and fewer bytes; the backward's, uncut, as before."""
+    bench = _benchmark_module("triton_host_cost")
+    wide, cut = (bench.measure(1024, 1024, 2, 64, "distance", reach=r) for r in ("tiles", "saturation"))
+    assert cut["near_band"] == "distance, forward tables to the saturation"
+    tiles = [triton_backend.tiles_for(torch.device("cuda"), 64, name) for name in triton_backend.KERNEL_NAMES]
+    reach = triton_backend._distance_reach(512, 1024, 1024, max(t.block_m + t.block_n for t in tiles))
+    assert reach > 512
+    flops = cut["forward"]["half_flops"], wide["forward"]["half_flops"]
+    assert flops[0] * (2 * reach + 1) == flops[1] * (2 * 512 + 1)
+    assert cut["forward"]["bytes"] < wide["forward"]["bytes"]
+    assert cut["backward"] == wide["backward"]
 
 
 def test_bounds_count_the_table_cells_and_near_tiles_of_the_pairs():
@@ -4670,16 +4804,18 @@ def test_custom_ops_take_their_inputs_in_few_arguments():
     )
     with pytest.raises(ValueError):  # a config of another length
         triton_backend._Config.of([512, 1, 0])
-    assert len(triton_backend._Aux._fields) == 13
+    assert len(triton_backend._Aux._fields) == 14
 
 
 def test_a_call_with_every_auxiliary_input_trains(monkeypatch):
     """Packed sequences with padding (segments and a key mask), dropout (a seed) and the distance road (its
-    cells): every field of `_Aux` is a tensor, so `custom_op` takes the list as that many inputs and the
-    backward returns a list of as many gradients (`_backward`); against eager times the kernels' mask. The call
-    runs through the custom op, as a compiled graph does (eager calls do not dispatch it: `_attention`)."""
+    cells, and the forward's cut to the saturation: `FORWARD_REACH`): every field of `_Aux` is a tensor, so
+    `custom_op` takes the list as that many inputs and the backward returns a list of as many gradients
+    (`_backward`); against eager times the kernels' mask. The call runs through the custom op, as a compiled graph
+    does (eager calls do not dispatch it: `_attention`)."""
     c = Case(n=60, heads=2, cu_seqlens=(0, 20, 50), terms=PositionTerms(c2p=True, p2c=True))
     monkeypatch.setattr(triton_backend, "NEAR_BAND", "distance")
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
     captured = []
     op = triton_backend._fwd_op
     monkeypatch.setattr(triton_backend, "_attention", lambda *a: captured.append(a[5]) or op(*a))
