@@ -2013,8 +2013,8 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pos_q, pos_k, scale, config, *aux):
         out, lse, inputs = _planned_forward(q, k, v, pos_q, pos_k, list(aux), scale, config)
-        # (a forward's tables cut to the saturation are not the backward's: `_forward_cells`)
-        keep = KEEP_TABLES and inputs.dist and _Aux(*aux).fwd_cells is None and any(ctx.needs_input_grad[:5])
+        # (with KEEP_TABLES the forward's tables are never cut: `_cuts_forward_tables`)
+        keep = KEEP_TABLES and inputs.dist and any(ctx.needs_input_grad[:5])
         kept = (inputs.row, inputs.col, inputs.far) if keep else ()
         _setup_context(ctx, (q, k, v, pos_q, pos_k, aux, scale, config), (out, lse), kept)
         ctx.mark_non_differentiable(lse)

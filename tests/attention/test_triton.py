@@ -210,6 +210,13 @@ def _assert_close(c: Case, inputs, dtype: torch.dtype, got, want) -> None:
             assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g}"
 
 
+def _assert_same_bits(got, want) -> None:
+    """Two `_run` results, (out, grads), equal bit for bit: output and every gradient."""
+    names = ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"]
+    for name, a, b in zip(names, (got[0], *got[1]), (want[0], *want[1])):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("name", list(GRID))
 def test_matches_eager_float32(name):
     _compare(GRID[name], torch.float32, DEVICE)
@@ -438,10 +445,7 @@ def test_forward_tables_cut_to_the_saturation_give_the_same_results(monkeypatch,
     cut = triton_backend._aligned(c.rel.saturation)
     assert _table_reaches(launches) == {"_fwd_kernel": cut, "_dq_kernel": wide, "_dkv_kernel": wide}
     assert cut < wide
-    for label, a, b in zip(
-        ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (got[0], *got[1]), (want[0], *want[1])
-    ):
-        assert torch.equal(a, b), label
+    _assert_same_bits(got, want)
 
 
 @pytest.mark.parametrize(
@@ -2848,11 +2852,8 @@ def test_backward_is_the_same_bit_for_bit_gpu(monkeypatch, n, batch, road):
     inputs, geom = _inputs(c, torch.bfloat16, "cuda"), _geometry(c, "cuda")
     with deterministic_algorithms(monkeypatch):
         first, *others = [_run(triton_attention, c, inputs, geom) for _ in range(3)]
-    for out, grads in others:
-        for name, a, b in zip(
-            ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (out, *grads), (first[0], *first[1])
-        ):
-            assert torch.equal(a, b), name
+    for other in others:
+        _assert_same_bits(other, first)
 
 
 @pytest.mark.gpu
@@ -2875,10 +2876,7 @@ def test_forward_tables_cut_to_the_saturation_give_the_same_results_gpu(monkeypa
         want = _run(triton_attention, case, inputs, geom)
         monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
         got = _run(triton_attention, case, inputs, geom)
-    for label, a, b in zip(
-        ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"], (got[0], *got[1]), (want[0], *want[1])
-    ):
-        assert torch.equal(a, b), label
+    _assert_same_bits(got, want)
     _compare(case, torch.bfloat16, "cuda")
 
 
