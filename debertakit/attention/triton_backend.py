@@ -103,55 +103,71 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
 
     The interpreter runs a kernel's Python with ``tl``'s builtins swapped for NumPy ones (``_patch_lang``: an
     ``inspect.getmembers`` over ``tl``, ``tl.tensor``, ``tl.math`` and more, about 0.2 ms on this project's
-    2-core test machine). A launch patches and, at its end, restores. A helper's call patches again, and
-    never restores: while a launch runs, every builtin is patched already, so the helper's patching replaces
-    only the tensor's few dunder methods with equivalents, and the launch's restore undoes all of it. Our
-    kernels call helpers inside their loops, thousands of times a launch: a forward+backward of 16 tokens took
-    2.0-2.6 s in the interpreter, 1.2-1.4 s with this patch (cProfile had put 1.5 of its 6.5 profiled seconds
-    in ``_patch_builtin``); a fresh clone's default test run, 731 s before, took 494 s with it and the CPU
-    kernel's lighter build (docs/test-times.md).
+    2-core test machine; 0.4 ms over ``tl`` and ``tl.core``). A launch patches and, at its end, restores. A
+    helper's call patches again, and never restores: while a launch runs, every builtin is patched already, so
+    the helper's patching replaces only the tensor's few dunder methods with equivalents, and the launch's
+    restore undoes all of it. Our kernels call helpers inside their loops, thousands of times a launch: our own
+    (a forward+backward of 16 tokens took 2.0-2.6 s in the interpreter, 1.2-1.4 s with this patch; a fresh
+    clone's default test run, 731 s before, took 494 s with it and the CPU kernel's lighter build,
+    docs/test-times.md) and Triton's standard library (``tl.cdiv``, ``tl.zeros``, ``tl.max``, ``tl.sum``, ...),
+    whose module holds ``tl.core``, not ``tl``, so that a patch of ``tl`` alone did not cover them: 1500 of a
+    bfloat16 forward+backward's 1507 patches were theirs, until the launch's patch covered ``tl.core`` too (the
+    bfloat16 grid and the fold kernels' tests, 39, then took 64 s instead of 84).
 
-    The patched ``_patch_lang`` counts, per language module, the launches whose patches are in place, and
-    skips a call whose modules are all in place; any other call (a launch, or a helper whose module sees a
-    language module the launch's does not) patches as before. Only a launch is counted: a call made while
-    nothing is in place (launches do not nest). A helper's patching is never restored, so a count of it would
-    never come down, and every later launch would skip its patching and fail on the first builtin ("Did you
-    forget to add @triton.jit ?"): seen where a kernel launched before this patch was made (a test's probe
-    kernel calling our helpers) left ``tl.cdiv`` to be called as a helper, whose module is ``tl.core``.
-    Triton 3.6 to 3.9 (the releases checked) have ``_LangPatchScope``; earlier ones patch for good and are left
-    as they are. The patch is the process's. Idempotent."""
+    The patched ``_patch_lang`` patches, at a launch, both language modules, ``tl`` and ``tl.core`` (what
+    ``_patch_lang`` does for a function whose globals hold both), and lets every call made while that launch
+    runs (a helper's) go without patching; the launch's end restores as before, after a failed launch too
+    (the interpreter restores in a ``finally``). Launches do not nest. Triton 3.6 to 3.9 (the releases
+    checked) have ``_LangPatchScope``; earlier ones patch for good and are left as they are. The patch is the
+    process's. Idempotent."""
     import triton.language as tl
     from triton.runtime import interpreter
 
     patch_lang = interpreter._patch_lang
     if getattr(patch_lang, "once_per_launch", False) or not hasattr(interpreter, "_LangPatchScope"):
         return
-    in_place: dict[int, int] = {}  # id of a language module -> launches whose patches of it are in place
-    seen: dict[object, tuple] = {}  # a function -> the language modules its globals hold (looked up once)
+
+    class _SeesBothLanguageModules:  # what `_patch_lang` reads of a function: the modules its globals hold
+        __globals__ = {"tl": tl, "core": tl.core}
+
+    launch_in_place = [False]
 
     def once_per_launch(fn):
-        modules = seen.get(fn)
-        if modules is None:
-            modules = seen[fn] = tuple(v for v in fn.__globals__.values() if v is tl or v is tl.core)
-        if modules and all(in_place.get(id(m), 0) for m in modules):
+        if launch_in_place[0]:  # a helper's call inside a launch: everything is patched already
             return interpreter._LangPatchScope()  # nothing to do, nothing to restore
-        scope = patch_lang(fn)
-        if any(in_place.values()):  # a helper inside a launch: patched as before, its scope never restored
-            return scope
-        for m in modules:
-            in_place[id(m)] = in_place.get(id(m), 0) + 1
+        scope = patch_lang(_SeesBothLanguageModules)
+        launch_in_place[0] = True
         restore = scope.restore
 
-        def restore_and_count():  # the launch's end (a helper's own patching is never restored)
-            for m in modules:
-                in_place[id(m)] -= 1
+        def restore_at_the_launch_s_end():
+            launch_in_place[0] = False
             restore()
 
-        scope.restore = restore_and_count
+        scope.restore = restore_at_the_launch_s_end
         return scope
 
     once_per_launch.once_per_launch = True
     interpreter._patch_lang = once_per_launch
+
+
+def skip_the_discarded_overflow_checks_in_interpreter() -> None:
+    """Stop Triton's interpreter computing integer-overflow checks whose result it throws away.
+
+    The interpreter's options (``InterpreterOptions``, Triton 3.6 and 3.9) have ``sanitize_overflow`` on and
+    ``debug`` off, and nothing sets either. With the first, every 32-bit integer ``+``, ``-`` and ``*`` of a kernel
+    (its index and pointer arithmetic) is done again in 64 bits, compared with the type's bounds, and handed to
+    ``device_assert``, which returns at once without ``debug``, the comparison unread (as compiled code does: the
+    check is emitted only in debug builds). Kernels compute the same values without it: the arithmetic itself
+    is the same NumPy operation either way. Without it the bfloat16 grid and the fold kernels' tests (39) took 39 s
+    instead of 64. Left on where ``debug`` is on, where the check would be read. The patch is the
+    process's. Idempotent."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    if builder.options.sanitize_overflow and not builder.options.debug:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
 
 
 @functools.cache
@@ -165,6 +181,7 @@ def _kernels():
         check_interpreter(triton.__version__, numpy.__version__)
         round_bfloat16_to_nearest_in_interpreter()
         patch_the_language_once_per_launch_in_interpreter()
+        skip_the_discarded_overflow_checks_in_interpreter()
     from debertakit.attention import triton_kernels
 
     return triton_kernels

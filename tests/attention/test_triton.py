@@ -540,14 +540,18 @@ def _add_in_a_loop(X, TIMES: tl.constexpr, STEP: tl.constexpr, BLOCK: tl.constex
     x = tl.load(X + offs)
     for _ in range(TIMES):
         x = _plus(x, STEP)  # a helper's call, which Triton's interpreter patches the language for again
+        x = tl.maximum(
+            x, tl.zeros_like(x)
+        )  # and Triton's own helpers (module `tl.standard`: it sees `tl.core`)
     tl.store(X + offs, x)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's patching")
 def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     """`patch_the_language_once_per_launch_in_interpreter` (installed with the kernels): a launch patches
-    ``triton.language`` once, not again at each of its helper calls; its end restores Triton's own builtins,
-    after a failed launch too, and the next launch patches afresh and runs."""
+    ``triton.language`` and ``tl.core`` once, not again at each of its helper calls (ours, or the standard
+    library's, whose module sees ``tl.core``); its end restores Triton's own builtins, after a failed launch
+    too, and the next launch patches afresh and runs."""
     from triton.runtime import interpreter
 
     triton_backend._kernels()
@@ -563,21 +567,26 @@ def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     _add_in_a_loop[(2,)](x, TIMES=5, STEP=1, BLOCK=16)
     assert torch.equal(x, torch.full((16,), 10.0))  # two programs, five helper calls each
     assert [pkg is tl for pkg in patches].count(True) == 1  # without the patch: 1 + 10
+    assert [pkg is tl.core for pkg in patches].count(
+        True
+    ) == 1  # with `tl` alone in place: 20 (zeros_like, zeros)
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # restored
+    assert tl.core.is_builtin(tl.core.load) and tl.core.is_builtin(tl.core.full)
     with pytest.raises(Exception, match="division"):
         _add_in_a_loop[(1,)](x, TIMES=2, STEP=0, BLOCK=16)
     assert tl.core.is_builtin(tl.load)
     _add_in_a_loop[(1,)](x, TIMES=1, STEP=1, BLOCK=16)  # patched again: Triton's builtins run only compiled
     assert torch.equal(x, torch.full((16,), 11.0))
     assert [pkg is tl for pkg in patches].count(True) == 3
+    assert [pkg is tl.core for pkg in patches].count(True) == 3
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's patching")
-def test_interpreter_counts_only_launches_as_patches_in_place():
-    """A helper patched inside a launch because it sees a language module the launch's does not (``tl.core``
-    beside ``tl``, as ``tl.cdiv``'s module does) is not counted: its patching is never restored, and a count of
-    it would have every later launch skip its own patching (each then failed on its first builtin, after a
-    test's probe kernel had run before the kernels were first loaded)."""
+def test_interpreter_patches_nothing_for_a_helper_inside_a_launch_and_again_at_the_next_launch():
+    """Inside a launch a helper's call patches nothing, whichever language module its globals hold (``tl.core``
+    alone, as the standard library's ``tl.cdiv``); after the launch's end the next launch patches again. (A
+    count of patches in place that a helper's call raised and nothing lowered once had every later launch skip
+    its patching and fail on its first builtin, "Did you forget to add @triton.jit ?".)"""
     from triton.runtime import interpreter
 
     triton_backend._kernels()
@@ -585,20 +594,61 @@ def test_interpreter_counts_only_launches_as_patches_in_place():
     def launch():  # a kernel of this module: its globals hold ``tl``
         pass
 
-    helper = type(launch)(
-        launch.__code__, {"tl": tl, "core": tl.core}, "helper"
-    )  # ``tl.core`` too, as cdiv's
+    helper = type(launch)(launch.__code__, {"core": tl.core}, "helper")  # as the standard library's helpers
     scope = interpreter._patch_lang(launch)
-    inner = interpreter._patch_lang(helper)
-    assert scope._changes and inner._changes  # both patched: the helper's module was not in place
-    interpreter._LangPatchScope.restore(inner)  # undone as the launch's end would not (Triton's own restore)
-    scope.restore()
-    again = interpreter._patch_lang(launch)
     try:
-        assert again._changes  # a launch patches: nothing is counted in place any more
+        assert scope._changes and not tl.core.is_builtin(tl.core.load)  # the launch patches `tl.core` too
+        assert not interpreter._patch_lang(helper)._changes and not interpreter._patch_lang(launch)._changes
     finally:
-        again.restore()
+        scope.restore()
+    assert tl.core.is_builtin(tl.core.load) and tl.core.is_builtin(tl.load)
+    for fn in (helper, launch):  # a call with nothing in place is a launch, and patches
+        again = interpreter._patch_lang(fn)
+        try:
+            assert again._changes
+        finally:
+            again.restore()
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
+
+
+@triton.jit
+def _square_plus_in_int32(X, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    tl.store(Y + offs, x * x + x)  # 32-bit integer arithmetic that overflows for |x| > 46340
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's options")
+def test_interpreter_skips_only_overflow_checks_it_would_not_read(monkeypatch):
+    """`skip_the_discarded_overflow_checks_in_interpreter` (installed with the kernels) turns the interpreter's
+    ``sanitize_overflow`` off where ``debug`` is off: there the check's result was thrown away (an overflow ran
+    through, wrapped), and results are the same without it; where ``debug`` is on the check is read (an
+    overflow raises) and the patch leaves it on."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    triton_backend._kernels()
+    builder = interpreter.interpreter_builder
+    assert not builder.options.sanitize_overflow and not builder.options.debug
+    x = torch.tensor([0, 3, -7, 46340, 46341, 70000, -(2**31) + 5, 2**31 - 1], dtype=torch.int32)
+    want = x * x + x  # torch's int32 arithmetic wraps, as the GPU's does
+    y = torch.empty_like(x)
+    _square_plus_in_int32[(1,)](x, y, BLOCK=8)
+    assert torch.equal(y, want)
+    checked = dataclasses.replace(builder.options, sanitize_overflow=True)
+    monkeypatch.setattr(builder, "options", checked)  # Triton's own options: checked, the check unread
+    y.zero_()
+    _square_plus_in_int32[(1,)](x, y, BLOCK=8)
+    assert torch.equal(y, want)
+    monkeypatch.setattr(builder, "options", dataclasses.replace(checked, debug=True))
+    with pytest.raises(Exception, match="overflow"):
+        _square_plus_in_int32[(1,)](x, y, BLOCK=8)
+    triton_backend.skip_the_discarded_overflow_checks_in_interpreter()
+    assert builder.options.sanitize_overflow  # read under debug: left on
+    monkeypatch.setattr(builder, "options", checked)
+    triton_backend.skip_the_discarded_overflow_checks_in_interpreter()
+    assert not builder.options.sanitize_overflow
 
 
 def test_repeated_explicit_positions_are_refused():
