@@ -76,16 +76,16 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
 
     The interpreter runs a kernel's Python with ``tl``'s builtins swapped for NumPy ones (``_patch_lang``: an
     ``inspect.getmembers`` over ``tl``, ``tl.tensor``, ``tl.math`` and more, about 0.2 ms on this project's
-    2-core test machine; 0.4 ms over ``tl`` and ``tl.core``). A launch patches and, at its end, restores. A
-    helper's call patches again, and never restores: while a launch runs, every builtin is patched already, so
-    the helper's patching replaces only the tensor's few dunder methods with equivalents, and the launch's
-    restore undoes all of it. Our kernels call helpers inside their loops, thousands of times a launch: our own
-    (a forward+backward of 16 tokens took 2.0-2.6 s in the interpreter, 1.2-1.4 s with this patch; a fresh
-    clone's default test run, 731 s before, took 494 s with it and the CPU kernel's lighter build,
-    docs/test-times.md) and Triton's standard library (``tl.cdiv``, ``tl.zeros``, ``tl.max``, ``tl.sum``, ...),
-    whose module holds ``tl.core``, not ``tl``, so that a patch of ``tl`` alone did not cover them: 1500 of a
-    bfloat16 forward+backward's 1507 patches were theirs, until the launch's patch covered ``tl.core`` too (the
-    bfloat16 grid and the fold kernels' tests, 39, then took 64 s instead of 84).
+    2-core test machine; 0.4 ms over ``tl`` and ``tl.core``). A launch patches the language modules its
+    kernel's globals hold and, at its end, restores them. A helper's call patches those its own globals hold
+    again, and drops its record of what it replaced (nothing restores it). Our kernels call helpers inside
+    their loops, thousands of times a launch: our own (a forward+backward of 16 tokens took 2.0-2.6 s in the
+    interpreter, 1.2-1.4 s with this patch; a fresh clone's default test run, 731 s before, took 494 s with it
+    and the CPU kernel's lighter build, docs/test-times.md) and Triton's standard library (``tl.cdiv``,
+    ``tl.zeros``, ``tl.max``, ``tl.sum``, ...), whose module holds ``tl.core``, not ``tl``, so that a patch of
+    ``tl`` alone did not cover them: 1500 of a bfloat16 forward+backward's 1507 patches were theirs, until the
+    launch's patch covered ``tl.core`` too (the bfloat16 grid and the fold kernels' tests, 39, then took 64 s
+    instead of 84).
 
     The patched ``_patch_lang`` patches, at a launch, both language modules, ``tl`` and ``tl.core`` (what
     ``_patch_lang`` does for a function whose globals hold both), and lets every call made while that launch
