@@ -82,8 +82,8 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
     their loops, thousands of times a launch: our own (a forward+backward of 16 tokens took 2.0-2.6 s in the
     interpreter, 1.2-1.4 s with this patch; a fresh clone's default test run, 731 s before, took 494 s with it
     and the CPU kernel's lighter build, docs/test-times.md) and Triton's standard library (``tl.cdiv``,
-    ``tl.zeros``, ``tl.max``, ``tl.sum``, ...), whose module holds ``tl.core``, not ``tl``, so that a patch of
-    ``tl`` alone did not cover them: 1500 of a bfloat16 forward+backward's 1507 patches were theirs, until the
+    ``tl.zeros``, ``tl.max``, ``tl.sum``, ...), whose module holds ``tl.core`` as well as ``tl``, so that a
+    launch's patch of ``tl`` alone did not cover them: 1500 of a bfloat16 forward+backward's 1507 patches were theirs, until the
     launch's patch covered ``tl.core`` too (the bfloat16 grid and the fold kernels' tests, 39, then took 64 s
     instead of 84).
 

@@ -69,16 +69,15 @@ def _add_in_a_loop(X, TIMES: tl.constexpr, STEP: tl.constexpr, BLOCK: tl.constex
     x = tl.load(X + offs)
     for _ in range(TIMES):
         x = _plus(x, STEP)  # a helper's call, which Triton's interpreter patches the language for again
-        x = tl.maximum(
-            x, tl.zeros_like(x)
-        )  # and Triton's own helpers (module `tl.standard`: it sees `tl.core`)
+        # and Triton's own helpers (module `tl.standard`: it holds `tl.core` as well as `tl`)
+        x = tl.maximum(x, tl.zeros_like(x))
     tl.store(X + offs, x)
 
 
 def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     """`patch_the_language_once_per_launch_in_interpreter` (installed with the kernels): a launch patches
     ``triton.language`` and ``tl.core`` once, not again at each of its helper calls (ours, or the standard
-    library's, whose module sees ``tl.core``); its end restores Triton's own builtins, after a failed launch
+    library's, whose module holds ``tl.core`` as well as ``tl``); its end restores Triton's own builtins, after a failed launch
     too, and the next launch patches afresh and runs."""
     from triton.runtime import interpreter
 
@@ -94,10 +93,10 @@ def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
     x = torch.zeros(16)
     _add_in_a_loop[(2,)](x, TIMES=5, STEP=1, BLOCK=16)
     assert torch.equal(x, torch.full((16,), 10.0))  # two programs, five helper calls each
-    assert [pkg is tl for pkg in patches].count(True) == 1  # without the patch: 1 + 10
-    assert [pkg is tl.core for pkg in patches].count(
-        True
-    ) == 1  # with `tl` alone in place: 20 (zeros_like, zeros)
+    # Triton's interpreter alone: 30 and 20; with only what a launch's kernel sees (`tl`) counted in place, 21
+    # and 20 (each call of `zeros_like` and of the `zeros` it calls patched both)
+    assert [pkg is tl for pkg in patches].count(True) == 1
+    assert [pkg is tl.core for pkg in patches].count(True) == 1
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # restored
     assert tl.core.is_builtin(tl.core.load) and tl.core.is_builtin(tl.core.full)
     with pytest.raises(Exception, match="division"):
@@ -110,8 +109,8 @@ def test_interpreter_patches_the_language_once_per_launch(monkeypatch):
 
 
 def test_interpreter_patches_nothing_for_a_helper_inside_a_launch_and_again_at_the_next_launch():
-    """Inside a launch a helper's call patches nothing, whichever language module its globals hold (``tl.core``
-    alone, as the standard library's ``tl.cdiv``); after the launch's end the next launch patches again. (A
+    """Inside a launch a helper's call patches nothing, whichever language modules its globals hold (``tl.core``
+    beside ``tl``, as the standard library's ``tl.cdiv``, or ``tl.core`` alone); after the launch's end the next launch patches again. (A
     count of patches in place that a helper's call raised and nothing lowered once had every later launch skip
     its patching and fail on its first builtin, "Did you forget to add @triton.jit ?".)"""
     from triton.runtime import interpreter
@@ -121,15 +120,16 @@ def test_interpreter_patches_nothing_for_a_helper_inside_a_launch_and_again_at_t
     def launch():  # a kernel of this module: its globals hold ``tl``
         pass
 
-    helper = type(launch)(launch.__code__, {"core": tl.core}, "helper")  # as the standard library's helpers
+    standard = type(launch)(launch.__code__, {"tl": tl, "core": tl.core}, "standard")  # as `tl.cdiv`'s module
+    helper = type(launch)(launch.__code__, {"core": tl.core}, "helper")
     scope = interpreter._patch_lang(launch)
     try:
         assert scope._changes and not tl.core.is_builtin(tl.core.load)  # the launch patches `tl.core` too
-        assert not interpreter._patch_lang(helper)._changes and not interpreter._patch_lang(launch)._changes
+        assert not any(interpreter._patch_lang(fn)._changes for fn in (standard, helper, launch))
     finally:
         scope.restore()
     assert tl.core.is_builtin(tl.core.load) and tl.core.is_builtin(tl.load)
-    for fn in (helper, launch):  # a call with nothing in place is a launch, and patches
+    for fn in (standard, helper, launch):  # a call with nothing in place is a launch, and patches
         again = interpreter._patch_lang(fn)
         try:
             assert again._changes
