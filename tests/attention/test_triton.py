@@ -2534,8 +2534,12 @@ SLOW_GRID = {
 
 
 @pytest.mark.slow
-def test_kernels_compile_for_gpu_all_configurations():
-    _compile_for_gpu("--all")
+@pytest.mark.parametrize("part", ["forward", "dq", "dkv", "tables"])
+def test_kernels_compile_for_gpu_all_configurations(part):
+    """Every variant (`compile_triton_kernels.py --all`), in the default run's four parts: one process compiled
+    them all in 16-24 minutes here, the slow run's longest test by far, with the other worker idle after its
+    share; its parts run on both."""
+    _compile_for_gpu("--all", "--part", part)
 
 
 @pytest.mark.slow
