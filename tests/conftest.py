@@ -52,12 +52,34 @@ def shared_data() -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
+    items[:] = spread_long_tests(items, _WORKERS)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def spread_long_tests(items: list, workers: int) -> list:
+    """The tests marked `long` (a minute or more each) at the heads of the shares that pytest-xdist's worksteal
+    scheduler first hands its workers, round robin: it hands worker k the k-th contiguous share of the
+    collection (sizes as below) and steals from the shares' ends, so that a long test collected late starts
+    late (the slow run's compile check of every variant: 22 min, its last 8 on one worker). Every worker
+    reorders its collection the same way, as xdist requires. Unchanged for one worker."""
+    long = [item for item in items if "long" in item.keywords]
+    if workers < 2 or not long:
+        return list(items)
+    rest = [item for item in items if "long" not in item.keywords]
+    ordered, left = [], len(items)
+    for k in range(workers):
+        share = left // (workers - k)  # as xdist's `WorkStealingScheduling.check_schedule` divides it
+        left -= share
+        heads = long[k::workers]
+        take = max(0, share - len(heads))
+        ordered += heads + rest[:take]
+        rest = rest[take:]
+    return ordered + rest
 
 
 @pytest.fixture(scope="session")

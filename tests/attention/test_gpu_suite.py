@@ -313,6 +313,7 @@ def test_attention_gpu_refuses_a_row_it_does_not_build(tmp_path):
     bench.check_impls(None, ["ours/triton", "hf eager"])
 
 
+@pytest.mark.long
 def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     """`--smoke` checks the plan before a lease: the targets step measures every road and ceiling it names
     (under the interpreter, tiny shapes), the GPU tests are collected, the host side of a call and Triton's

@@ -2489,6 +2489,7 @@ def test_static_report_costs_a_tile_per_thread_and_per_score():
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("part", ["forward", "dq", "dkv", "tables"])
 def test_kernels_compile_for_sm90(part):
     """The interpreter does not check what only the compiler does: build real cubins (no GPU needed). In four
@@ -2534,7 +2535,8 @@ SLOW_GRID = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", ["forward", "dq", "dkv", "tables"])
+@pytest.mark.long
+@pytest.mark.parametrize("part", ["dkv", "dq", "forward", "tables"])  # the longest first
 def test_kernels_compile_for_gpu_all_configurations(part):
     """Every variant (`compile_triton_kernels.py --all`), in the default run's four parts: one process compiled
     them all in 16-24 minutes here, the slow run's longest test by far, with the other worker idle after its
