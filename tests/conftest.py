@@ -51,6 +51,7 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the shares are of what runs
 def pytest_collection_modifyitems(config, items):
     items[:] = spread_long_tests(items, _WORKERS)
     if torch.cuda.is_available():
@@ -62,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def spread_long_tests(items: list, workers: int) -> list:
-    """The tests marked `long` (a minute or more each) at the heads of the shares that pytest-xdist's worksteal
+    """The tests marked `long` (half a minute or more each) at the heads of the shares that pytest-xdist's worksteal
     scheduler first hands its workers, round robin: it hands worker k the k-th contiguous share of the
     collection (sizes as below) and steals from the shares' ends, so that a long test collected late starts
     late (the slow run's compile check of every variant: 22 min, its last 8 on one worker). Every worker
