@@ -62,6 +62,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def first_shares(n: int, workers: int) -> list[int]:
+    """The sizes of the contiguous shares of ``n`` tests that pytest-xdist's worksteal scheduler first hands its
+    workers, in order (as `WorkStealingScheduling.check_schedule` divides them)."""
+    sizes, left = [], n
+    for k in range(workers):
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    return sizes
+
+
 def spread_long_tests(items: list, workers: int) -> list:
     """The tests marked `long` (half a minute or more each) at the heads of the shares that pytest-xdist's worksteal
     scheduler first hands its workers, round robin: it hands worker k the k-th contiguous share of the
@@ -72,10 +82,8 @@ def spread_long_tests(items: list, workers: int) -> list:
     if workers < 2 or not long:
         return list(items)
     rest = [item for item in items if "long" not in item.keywords]
-    ordered, left = [], len(items)
-    for k in range(workers):
-        share = left // (workers - k)  # as xdist's `WorkStealingScheduling.check_schedule` divides it
-        left -= share
+    ordered = []
+    for k, share in enumerate(first_shares(len(items), workers)):
         heads = long[k::workers]
         take = max(0, share - len(heads))
         ordered += heads + rest[:take]

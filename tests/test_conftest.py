@@ -4,22 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tests.conftest import spread_long_tests
+from tests.conftest import first_shares, spread_long_tests
 
 
 @dataclass
 class _Item:
     name: str
     keywords: set = field(default_factory=set)
-
-
-def _shares(n: int, workers: int) -> list[int]:
-    """The sizes of the contiguous shares xdist's worksteal scheduler first hands its workers."""
-    sizes, left = [], n
-    for k in range(workers):
-        sizes.append(left // (workers - k))
-        left -= sizes[-1]
-    return sizes
 
 
 def test_long_tests_head_each_workers_first_share_round_robin():
@@ -31,7 +22,7 @@ def test_long_tests_head_each_workers_first_share_round_robin():
             i.name for i in items if "long" not in i.keywords
         ]  # the others keep their order
         start, heads = 0, []
-        for size in _shares(len(items), workers):
+        for size in first_shares(len(items), workers):
             share = ordered[start : start + size]
             heads.append([i.name for i in share if "long" in i.keywords])
             long_first = [("long" in i.keywords) for i in share]

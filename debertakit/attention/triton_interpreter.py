@@ -103,17 +103,19 @@ def patch_the_language_once_per_launch_in_interpreter() -> None:
     class _SeesBothLanguageModules:  # what `_patch_lang` reads of a function: the modules its globals hold
         __globals__ = {"tl": tl, "core": tl.core}
 
-    launch_in_place = [False]
+    launch_in_place = False
 
     def once_per_launch(fn):
-        if launch_in_place[0]:  # a helper's call inside a launch: everything is patched already
+        nonlocal launch_in_place
+        if launch_in_place:  # a helper's call inside a launch: everything is patched already
             return interpreter._LangPatchScope()  # nothing to do, nothing to restore
         scope = patch_lang(_SeesBothLanguageModules)
-        launch_in_place[0] = True
+        launch_in_place = True
         restore = scope.restore
 
         def restore_at_the_launch_s_end():
-            launch_in_place[0] = False
+            nonlocal launch_in_place
+            launch_in_place = False
             restore()
 
         scope.restore = restore_at_the_launch_s_end
