@@ -53,6 +53,9 @@ Sections (all bfloat16 on one CUDA device):
    ``triton (forward tables to the saturation)`` is ``triton`` with the forward's distance tables cut to the
    saturation where far tiles occur (`triton_backend.FORWARD_REACH` "saturation": 1025 cells a row at v3's
    N >= 1024 instead of 1217, its near tiles selecting the saturated values beyond them).
+   ``triton (forward far tiles of 64 keys)`` and ``... of 128 keys`` are ``triton`` with the forward's far tiles
+   in blocks of that many keys (`triton_backend.FORWARD_FAR_KEYS`; its near tiles keep their 32), and
+   ``triton (forward far tiles of 64 keys, tables to the saturation)`` with the forward's tables cut too.
    ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
@@ -456,6 +459,8 @@ def _attention_rows(
             NO_PLANS_ROW: dict(CALL_PLANS="off"),
             DETERMINISTIC_ROW: dict(deterministic_algorithms=True),
             FORWARD_REACH_ROW: dict(FORWARD_REACH="saturation"),
+            **{FAR_KEYS_ROWS[keys]: dict(FORWARD_FAR_KEYS=keys) for keys in FAR_KEYS_ROWS},
+            FAR_KEYS_REACH_ROW: dict(FORWARD_FAR_KEYS=64, FORWARD_REACH="saturation"),
         }
         for row, settings in changed.items():
             candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
@@ -588,6 +593,13 @@ DETERMINISTIC_ROW = "triton (deterministic algorithms)"
 # (`triton_backend.FORWARD_REACH` "saturation"): 16% fewer cells for the product kernel to write at v3's N >= 1024,
 # for a select per pair in the forward's near tiles. Against `triton`: which costs the forward more
 FORWARD_REACH_ROW = "triton (forward tables to the saturation)"
+# `triton` with the forward's far tiles in blocks of 64 or 128 keys (`triton_backend.FORWARD_FAR_KEYS`; its near
+# tiles keep 32): fewer instructions a far score (sm_90, Triton 3.6: 12.7 at 64 keys against 15.9) for more
+# registers (164 against 148 at 64 keys, three programs an SM; 228 at 128, two). Against `triton`, from N = 1024
+# on (no far tile below), most at long inputs, where far tiles are most of the work; and with the forward's
+# tables cut to the saturation as well, the two forward-only changes together
+FAR_KEYS_ROWS = {keys: f"triton (forward far tiles of {keys} keys)" for keys in (64, 128)}
+FAR_KEYS_REACH_ROW = "triton (forward far tiles of 64 keys, tables to the saturation)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -657,6 +669,8 @@ def attention_row_names() -> list[str]:
         NO_PLANS_ROW,
         DETERMINISTIC_ROW,
         FORWARD_REACH_ROW,
+        *FAR_KEYS_ROWS.values(),
+        FAR_KEYS_REACH_ROW,
         SHARED_GEOMETRY_ROW,
         GRAPHED_ROW,
         PLAIN_ROW,

@@ -122,7 +122,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call), under PyTorch's
 #   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call), with
 #   the forward's tables cut to the saturation (`attention_gpu.FORWARD_REACH_ROW`: fewer cells written against a
-#   select per pair in the near tiles);
+#   select per pair in the near tiles), the forward's far tiles in wider blocks (`attention_gpu.FAR_KEYS_ROWS`:
+#   fewer instructions a far score against more registers), and both (`attention_gpu.FAR_KEYS_REACH_ROW`);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -141,6 +142,9 @@ ROADS = [
     "triton (no call plans)",
     "triton (deterministic algorithms)",
     "triton (forward tables to the saturation)",
+    "triton (forward far tiles of 64 keys)",
+    "triton (forward far tiles of 128 keys)",
+    "triton (forward far tiles of 64 keys, tables to the saturation)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",

@@ -24,7 +24,10 @@ tables its gradients in the tables' bands, stored 16 bytes at a time (``GRAD_BAN
 `triton_backend.GRADIENT_STORES`). They are shown, not used to choose: their code is the long sets' less the far
 runs and the sums. The forward is also compiled with its distance tables cut to the saturation (``v3+dist+edges``,
 ``packed+dist+edges`` and both with dropout: `triton_backend.FORWARD_REACH` = "saturation", ``EDGES``: the near
-tiles select the saturated values for their pairs beyond the tables' reach), shown, not used to choose.
+tiles select the saturated values for their pairs beyond the tables' reach), shown, not used to choose, and with
+its far runs in blocks of 64 keys (``v3+dist+far64``, ``packed+dist+far64``, ``v3+dist+edges+far64`` and
+``v3+dist+dropout+far64``: `triton_backend.FORWARD_FAR_KEYS` = 64, ``FAR_N``; at tiles of 64 keys or more, the
+tile's own), shown too.
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
 distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
@@ -107,6 +110,16 @@ _SHORT_SETS = {
 _EDGE_SETS = {
     f"{name}+edges": dict(f, EDGES=True) for name, f in {**_DIST_SETS, **_DIST_DROPOUT_SETS}.items()
 }
+# the forward's far runs in blocks of 64 keys (``FAR_N``: `triton_backend.FORWARD_FAR_KEYS`), on the distance
+# road, with its tables cut to the saturation, and with dropout; shown, not configured
+_FAR_SETS = {
+    f"{name}+far64": dict(f, FAR_N=64)
+    for name, f in {
+        **_DIST_SETS,
+        "v3+dist+edges": _EDGE_SETS["v3+dist+edges"],
+        "v3+dist+dropout": _DIST_DROPOUT_SETS["v3+dist+dropout"],
+    }.items()
+}
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **_DIST_SETS,
@@ -116,6 +129,7 @@ FEATURES = {
     **{f"{name}+skew+dropout": dict(_SETS[name], DROPOUT=True, SKEW=True) for name in ("v3", "packed")},
     **_SHORT_SETS,
     **_EDGE_SETS,
+    **_FAR_SETS,
     "plain": dict(
         IJ=True,
         HAS_ROW=False,
@@ -135,7 +149,7 @@ USES = {
     "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
     "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
 }
-FORWARD_ONLY = ("plain", *_EDGE_SETS)
+FORWARD_ONLY = ("plain", *_EDGE_SETS, *_FAR_SETS)
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
 # for the skewed backward, whose two extra products per near tile need the registers of a larger tile (16x32
@@ -260,8 +274,11 @@ def _one(job: tuple) -> dict:
 
     kernel, head_dim, (m, n, w), stages, feature, dtype = job
     row = dict(kernel=kernel, head_dim=head_dim, tiles=str(Tiles(m, n, w, stages)), features=feature)
+    flags = FEATURES[feature]
+    if flags.get("FAR_N", n) < n:  # far blocks no wider than the tile's own (as the backend's `_far_keys`)
+        flags = dict(flags, FAR_N=n)
     try:
-        c = compile_kernel(getattr(K, kernel), dtype, head_dim, Tiles(m, n, w, stages), FEATURES[feature])
+        c = compile_kernel(getattr(K, kernel), dtype, head_dim, Tiles(m, n, w, stages), flags)
     except Exception as e:  # out of shared memory, unsupported shape: a result too
         return {**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     return {**row, **vars(c)}
@@ -301,6 +318,15 @@ def _loops(loops: list[int]) -> str:
     return " · ".join(str(n) for n in loops)
 
 
+def _loop_widths(loops: list[int], block_n: int, feature: str) -> list[int]:
+    """The key blocks of a forward's loops over tiles, in address order: BLOCK_N, but in a ``+far64`` set with
+    wider far blocks (five loops: each far run's wide blocks, then its narrow ones, around the near loop)."""
+    wide = max(FEATURES[feature].get("FAR_N", block_n), block_n)
+    if len(loops) == 5 and wide > block_n:
+        return [wide, block_n, block_n, wide, block_n]
+    return [block_n] * len(loops)
+
+
 def tile_costs(rows: list[dict], chosen: dict) -> str:
     """What one tile of each loop costs at the tiles chosen for inference, against the forward's loop without
     position terms at the same tile (``plain``, plain attention): instructions per thread in the loop's body, and
@@ -319,11 +345,14 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
             plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
             sets = (*_SETS, *_DIST_SETS, *(name for name, f in _SHORT_SETS.items() if not f["DROPOUT"]))
             edges = (name for name, f in _EDGE_SETS.items() if not f["DROPOUT"])
-            for feature in ("plain", *sets, *edges) if kernel == "_fwd_kernel" else sets:
+            far = (name for name, f in _FAR_SETS.items() if not f["DROPOUT"])
+            for feature in ("plain", *sets, *edges, *far) if kernel == "_fwd_kernel" else sets:
                 loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
                 if not loops:
                     continue
-                per_score = " · ".join(f"{b * threads / (m * n):.1f}" for b in loops)
+                per_score = " · ".join(
+                    f"{b * threads / (m * w):.1f}" for b, w in zip(loops, _loop_widths(loops, n, feature))
+                )
                 ratio = ""
                 if len(plain) == 1 and len(loops) == 3 and kernel == "_fwd_kernel":
                     ratio = f"{max(loops[0], loops[2]) / plain[0]:.2f}"
@@ -433,7 +462,9 @@ def write_report(
         "threads, over its scores), and for the forward",
         "the costlier far loop over the single loop of the same kernel without position terms (plain attention).",
         "The forward's `+edges` sets cut its distance tables to the saturation (`triton_backend.FORWARD_REACH`):",
-        "their near loop selects the saturated values for the pairs beyond the tables' reach.",
+        "their near loop selects the saturated values for the pairs beyond the tables' reach. Its `+far64` sets take",
+        "the far runs in blocks of 64 keys (`triton_backend.FORWARD_FAR_KEYS`): five loops, each far run's wide",
+        "blocks (per score over their 64 keys), then its narrow ones, around the near loop.",
         "Static: a loop's instructions, not its time (latencies, memory and the tensor cores' throughput differ).",
         "",
         costs,

@@ -266,9 +266,13 @@ def compile_kernel(
     from triton.compiler import ASTSource
 
     prec = 1 if dtype == "fp32" else 0
-    # a flag not given is off (a kernel's flags added later: callers name the ones they set)
+    # a flag not given is off (a kernel's flags added later: callers name the ones they set); ``flags`` may also
+    # give the forward's FAR_N (its far runs' key blocks, BLOCK_N where not given)
     flags = dict.fromkeys(FLAGS, False) | flags
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, **flags)
+    sizes = dict(
+        HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, FAR_N=tiles.block_n, PREC=prec
+    )
+    constexprs = sizes | flags
     constexprs["WT"] = tiles.skew_width  # the skewed kernels' table block (see kernels)
     constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
     sig = signature(fn, dtype, constexprs)

@@ -301,6 +301,29 @@ def _distance_layout(
 FORWARD_REACH_MODES = ("tiles", "saturation")
 FORWARD_REACH = "tiles"
 
+# The forward's far tiles in blocks of this many keys (None: its tiles' BLOCK_N, as before), at distance i - j
+# where far tiles occur (`triton_kernels._fwd_keys`; the near tiles keep BLOCK_N). A far tile is plain attention
+# plus a row and a column vector, and wider ones spread a step's fixed work over more keys: at the head-dim-64
+# forward's 64x32 (4 warps, distance road, sm_90) blocks of 64 keys take 406 instructions a thread a tile under
+# Triton 3.6 against 255 for 32 keys (12.7 against 15.9 a score) at 164 registers against 148, still three
+# programs an SM; 128 keys take 228 registers, two programs (`benchmarks/triton_static.py`, the ``+far64``
+# sets). The output differs from the default's by rounding only (the online softmax's steps fall elsewhere).
+# Untimed on a GPU: the benchmark's rows "triton (forward far tiles of 64 keys)" and "... 128 keys".
+FORWARD_FAR_KEYS: int | None = None
+
+
+def _far_keys(block_n: int, split: bool) -> int:
+    """The forward's FAR_N for its tiles' ``block_n``: `FORWARD_FAR_KEYS` where the loop runs in far and near
+    parts (``split``: distance i - j with position terms and far tiles), no less than ``block_n``; else
+    ``block_n``."""
+    wide = FORWARD_FAR_KEYS
+    if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
+        raise ValueError(
+            f"triton_backend.FORWARD_FAR_KEYS must be None or a power of two dividing FAR_PAD ({FAR_PAD}), "
+            f"got {wide!r}"
+        )
+    return wide if wide is not None and split and wide > block_n else block_n
+
 
 def _cuts_forward_tables(layout: tuple[int, int, int], far_tiles: bool, sat: int) -> bool:
     """Whether the forward reads distance tables of its own, cut to the saturation (`FORWARD_REACH`): one band
@@ -1146,6 +1169,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
+            FAR_N=_far_keys(t.block_n, ij and far_tiles and (row is not None or col is not None)),
         )  # fmt: skip
     return out, lse, inputs
 

@@ -54,6 +54,11 @@ than R / 2 would hold cells no pair reads, the caller lays the tables out in ban
 band, and moving the table's pointer to that band (`_band_shift`) keeps pair (i, j) at ``i·R + j`` from it. With
 one band (LOG2_BAND = 30) the pointer never moves.
 
+``FAR_N`` (constexpr, the forward's): the far runs' key blocks, BLOCK_N or a multiple of it. A far tile is plain
+attention plus a row and a column vector, so its registers do not bound its width as the near band's loads bound
+the near tiles'; wider far blocks spread each step's fixed work (the accumulator's rescale, the row reductions,
+the loop's own) over more keys (`_fwd_keys`; `triton_backend.FORWARD_FAR_KEYS`).
+
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
 layout `merge_heads` wants. Query-side tensors (Q, OUT, DO, DQ) share one set of strides ``SQB, SQH, SQN``,
@@ -768,7 +773,7 @@ def _key_block(
 
 
 @triton.jit
-def _fwd_keys(
+def _fwd_blocks(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
     LOG2_BAND, col_step, seed, bh, DROP_T,
@@ -777,7 +782,8 @@ def _fwd_keys(
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
     KIND: tl.constexpr,
 ):  # fmt: skip
-    """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND)."""
+    """The forward's online softmax over the key blocks of BLOCK_N keys from ``start`` (a multiple of BLOCK_N)
+    to ``end`` (tiles of one KIND)."""
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
@@ -798,6 +804,51 @@ def _fwd_keys(
             p = p * _keep(seed, bh, offs_m, start_n, DROP_T, BLOCK_M, BLOCK_N).to(tl.float32)
         acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PREC)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_keys(
+    acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+    K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
+    LOG2_BAND, col_step, seed, bh, DROP_T,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAR_N: tl.constexpr, HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
+    PREC: tl.constexpr, IJ: tl.constexpr, SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr,
+    WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
+    """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND). Far runs
+    take blocks of FAR_N keys where FAR_N > BLOCK_N (`triton_backend.FORWARD_FAR_KEYS`): those of the far-right
+    run from its start, a multiple of FAR_N (the caller's ``lo``), those of the far-left run from its first
+    multiple of FAR_N, the rest of each run in blocks of BLOCK_N (fewer than FAR_N keys). A far tile costs what
+    plain attention costs, and wide ones spread each step's fixed work (the online softmax's rescale of the
+    accumulator, the row reductions, the loop's own) over more keys; near tiles keep BLOCK_N, which the near
+    band's loads and registers set. The far-left run's last wide block may pass ``end``: keys there are hidden
+    (past the sequence, masked, or hidden per pair), and FAR's rows are padded to a multiple of FAR_N."""
+    tl.static_assert(FAR_N % BLOCK_N == 0, "a wide far block is a whole number of key blocks")
+    wide = FAR_N != BLOCK_N and (KIND == _FAR_RIGHT or KIND == _FAR_LEFT)
+    narrow_lo, narrow_hi = start, end
+    if wide:
+        if KIND == _FAR_RIGHT:  # wide blocks over [start, mid), narrow ones over the rest
+            mid = start + (end - start) // FAR_N * FAR_N
+            wide_lo, wide_hi, narrow_lo = start, mid, mid
+        else:  # narrow blocks up to the first multiple of FAR_N, wide ones from there
+            mid = tl.minimum(tl.cdiv(start, FAR_N) * FAR_N, end)
+            wide_lo, wide_hi, narrow_hi = mid, end, mid
+        acc, m_i, l_i = _fwd_blocks(
+            acc, m_i, l_i, wide_lo, wide_hi, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in,
+            start_m, offs_d, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r,
+            log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T,
+            BLOCK_M, FAR_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+            DROPOUT, KIND,
+        )  # fmt: skip
+    acc, m_i, l_i = _fwd_blocks(
+        acc, m_i, l_i, narrow_lo, narrow_hi, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in,
+        start_m, offs_d, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r,
+        log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T,
+        BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+        DROPOUT, KIND,
+    )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -855,6 +906,7 @@ def _fwd_kernel(
     WT: tl.constexpr,
     FAR_TILES: tl.constexpr,
     EDGES: tl.constexpr,
+    FAR_N: tl.constexpr,
 ):
     pid_m, bh = _block_and_head(NQ, BLOCK_M)
     b = bh // H
@@ -890,7 +942,9 @@ def _fwd_kernel(
     # key blocks any row of this block may see (whole sequence, causal prefix, packed segment)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
     hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
+    # a multiple of the widest block a run starts with (`_fwd_keys`); the keys below the block's own ``lo``
+    # are hidden from all its rows (masked keys or other segments), so the tiles that visit them add nothing
+    lo = (lo // FAR_N) * FAR_N
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -911,8 +965,8 @@ def _fwd_kernel(
             offs_m, m_in, start_m, offs_d,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
             LOG2_BAND, col_step, seed, bh, DROP_T,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
-            DROPOUT, kinds[run],
+            BLOCK_M, BLOCK_N, FAR_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM,
+            WT, DROPOUT, kinds[run],
         )  # fmt: skip
 
     visible = l_i > 0.0

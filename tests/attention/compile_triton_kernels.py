@@ -88,6 +88,7 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 # (2026-11-27); these 80, alone on a quiet machine with an empty Triton cache, 157 s (--part forward 38 s,
 # backward 78 s, tables 40 s).
 RELEASED_HEAD_DIM = 64
+WIDE_FAR_KEYS = 64  # the forward's far tiles in blocks of this many keys, in the variants `_variants` builds
 # ``--part``: the attention kernels' forward (with the sm_75 / sm_80 premise) or backward (`triton_kernels`;
 # "dq" and "dkv" its two kernels), or the distance tables' product and the backward's fold kernels
 # (`triton_products`); the default test run builds forward, dq, dkv and tables in four tests, which two workers
@@ -104,7 +105,8 @@ def _default_road(flags: dict) -> bool:
     aligned = B.GRADIENT_STORES == "aligned"
     cut = B.FORWARD_REACH == "saturation"  # the forward's tables cut to the saturation (``EDGES``)
     default = flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
-    return default and flags["EDGES"] == cut
+    # and its far tiles in blocks of `FORWARD_FAR_KEYS` (``FAR_N``)
+    return default and flags["EDGES"] == cut and flags.get("FAR_N") == B.FORWARD_FAR_KEYS
 
 
 def configured(capability: int, everything: bool = True):
@@ -137,6 +139,9 @@ def _variants(flags: dict):
     # (`FORWARD_REACH`; the backward kernels take no such flag: `_buildable`, and `main` builds each
     # configuration once)
     yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True)
+    # the forward's far tiles in blocks of 64 keys (`FORWARD_FAR_KEYS`, ``FAR_N``), its tables whole and cut
+    yield dict(flags, DIST=True, GRAD_BANDS=True, FAR_N=WIDE_FAR_KEYS)
+    yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True, FAR_N=WIDE_FAR_KEYS)
     # inputs no longer than the saturation (v3 at N <= 512): one near run per program
     yield dict(flags, FAR_TILES=False)
     yield dict(flags, DIST=True, FAR_TILES=False)
@@ -177,6 +182,9 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
         flags = dict(flags, FAR_TILES=True)
     if flags["EDGES"] and (kernel != "_fwd_kernel" or not flags["DIST"] or not flags["FAR_TILES"]):
         flags = dict(flags, EDGES=False)  # the forward's distance tables alone are cut, where far tiles occur
+    split = flags["IJ"] and terms and flags["FAR_TILES"]  # a loop of far and near runs (`B._far_keys`)
+    if "FAR_N" in flags and (kernel != "_fwd_kernel" or not split):
+        flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return flags
 
 
@@ -222,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in kernels:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
+            if flags.get("FAR_N", tiles.block_n) <= tiles.block_n:  # no wider than the tiles' (`B._far_keys`)
+                flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
             key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
             if key in built:  # (a variant that differs only in a flag this kernel does not take)
                 continue
@@ -251,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own,
             # or is one near run where no far tile may occur
-            runs = 3 if flags["FAR_TILES"] else 1
+            # (five in a forward whose far runs take wide blocks: each far run's wide and narrow blocks)
+            runs = (5 if "FAR_N" in flags else 3) if flags["FAR_TILES"] else 1
             if c is not None and flags["IJ"] and len(c.tile_loops) != runs:
                 uncut.append(
                     f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not {runs}"

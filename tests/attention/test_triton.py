@@ -467,6 +467,113 @@ def test_forward_tables_stay_whole_where_nothing_is_cut(monkeypatch, name, keep)
     assert reaches["_fwd_kernel"] == reaches["_dq_kernel"] == reaches["_dkv_kernel"]
 
 
+# Longer than the grid's cases, so that the far-right run holds whole blocks of 64 keys too (from the fifth query
+# block on): one row whole, one padded to a length that is no multiple of 16
+WIDE_FAR_CASES = {**GRID, "n150_padded": Case(n=150, batch=2, key_lengths=(150, 97))}
+
+
+@pytest.mark.parametrize(
+    "name, dtype, far_keys",
+    [(name, "float32", keys) for name in (*FORWARD_REACH_CASES, "n150_padded") for keys in (32, 64)]
+    + [(name, "bfloat16", 64) for name in ("n150_padded", "packed")],
+)
+def test_forward_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_keys):
+    """`FORWARD_FAR_KEYS`: the forward's far runs in blocks of 32 or 64 keys (the interpreter's tiles are 16x16:
+    runs whose lengths are no multiple of the wide block leave a rest of narrow blocks, before the far-left
+    run's first wide block and after the far-right run's last; the far-left run's last wide block passes the
+    keys' end), the near run in blocks of 16: output and every gradient match eager, and the forward's
+    launch was told the wide blocks."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", far_keys)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE)
+    assert launches["_fwd_kernel"][1]["FAR_N"] == far_keys
+    assert launches["_fwd_kernel"][1]["BLOCK_N"] == 16
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's loads")
+def test_forward_wide_far_blocks_start_on_multiples_of_their_width(monkeypatch):
+    """The forward tells the compiler that a key block starts on a multiple of its width (`_key_block`'s
+    ``tl.multiple_of``: aligned vector loads on a GPU, wrong ones where it is false, which no result under the
+    interpreter shows), so every wide block must: the K blocks of 64 keys a packed row's forward loads (its
+    segments start inside blocks: the programs' first visible keys, floored to 64) start on multiples of 64, and
+    the output matches eager's."""
+    from debertakit.attention.triton_access import record_run
+
+    c = Case(n=200, cu_seqlens=(0, 37, 190, 200))
+    geom, (q, k, v, pos_q, pos_k) = _geometry(c, DEVICE), _inputs(c, torch.float32, DEVICE)
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    scale = scale_for(c.dim, 1 + sum(c.terms))
+    with torch.no_grad(), record_run("triton_kernels.py") as (loads, _):
+        out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
+    want, _ = eager_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
+    torch.testing.assert_close(out, want)
+    start, itemsize = k.data_ptr(), k.element_size()
+    starts = [
+        (addresses[0, 0] - start) // itemsize // c.dim % c.n
+        for (kernel, fn, _), calls in loads.items()
+        if kernel == "_fwd_kernel" and fn == "_key_block"
+        for addresses, _, _ in calls
+        if addresses.shape[0] == 64 and start <= addresses[0, 0] < start + k.untyped_storage().nbytes()
+    ]
+    assert starts and all(n % 64 == 0 for n in starts), sorted(set(starts))
+
+
+@pytest.mark.parametrize("road", ["distance", "tables", "skew"])
+def test_forward_far_tiles_in_wide_blocks_on_every_road(monkeypatch, road):
+    """The wide far blocks on each road to the near band's terms (far tiles read the same row and column values
+    on all three), and with the forward's tables cut to the saturation (``EDGES``) on the distance road."""
+    from debertakit.attention.triton_access import record_run
+
+    _near_band(monkeypatch, road)
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE)
+    assert launches["_fwd_kernel"][1]["FAR_N"] == 64
+    assert launches["_fwd_kernel"][1]["EDGES"] == (road == "distance")
+
+
+def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch):
+    """Wide far blocks draw the mask the narrow ones draw (a function of the pair, not of the tile): output and
+    gradients equal eager's probabilities times the kernels' mask, which the backward's narrow tiles redraw."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare_with_dropout(monkeypatch, GRID["n70_saturating"], torch.float32, DEVICE, 0.3)
+    assert launches["_fwd_kernel"][1]["FAR_N"] == 64 and launches["_fwd_kernel"][1]["DROPOUT"]
+
+
+@pytest.mark.parametrize("name", ["n7", "packed_short_sequences", "explicit_positions"])
+def test_forward_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, name):
+    """No wide block where the forward's loop has no far runs: no far tile (a short input, a row of short
+    sequences) or positions other than i - j (one run of tiles of any kind)."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(GRID[name], torch.float32, DEVICE)
+    assert launches["_fwd_kernel"][1]["FAR_N"] == launches["_fwd_kernel"][1]["BLOCK_N"]
+
+
+@pytest.mark.parametrize("value", [48, 256, 0, "64", True])
+def test_forward_far_keys_setting_is_checked(monkeypatch, value):
+    """A `FORWARD_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, before any kernel."""
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
+    with pytest.raises(ValueError, match=f"FORWARD_FAR_KEYS .* got {value!r}"):
+        triton_backend._far_keys(16, True)
+
+
+def test_forward_far_keys_no_narrower_than_the_tiles(monkeypatch):
+    """A setting no wider than the forward's key block leaves it as it is; None is the default's."""
+    for value, block_n, split, want in [(32, 64, True, 64), (64, 64, True, 64), (None, 32, True, 32),
+                                        (128, 32, True, 128), (128, 32, False, 32)]:  # fmt: skip
+        monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
+        assert triton_backend._far_keys(block_n, split) == want, (value, block_n, split)
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
 def test_loaded_positions_path_matches_index_path(packed):
     """Distance i - j geometries skip the position loads (IJ); the same positions given explicitly take the
@@ -2754,17 +2861,18 @@ def test_backward_is_the_same_bit_for_bit_gpu(monkeypatch, n, batch, road):
         _assert_same_bits(other, first)
 
 
+# Real sizes with far tiles, for the forward-only settings' GPU tests: v3 at N = 2048, padded, packed and causal,
+# head dim 128
+GPU_FAR_CASES = {
+    "v3_n2048": Case(n=2048, batch=2, heads=12, dim=64, rel=V3),
+    "v3_padding": GPU_GRID["v3_padding"],
+    "v3_packed_causal": GPU_GRID["v3_packed_causal"],
+    "v3_d128": Case(n=1100, batch=2, heads=4, dim=128, rel=V3),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "case",
-    [
-        Case(n=2048, batch=2, heads=12, dim=64, rel=V3),
-        GPU_GRID["v3_padding"],
-        GPU_GRID["v3_packed_causal"],
-        Case(n=1100, batch=2, heads=4, dim=128, rel=V3),
-    ],
-    ids=["v3_n2048", "v3_padding", "v3_packed_causal", "v3_d128"],
-)
+@pytest.mark.parametrize("case", GPU_FAR_CASES.values(), ids=GPU_FAR_CASES.keys())
 def test_forward_tables_cut_to_the_saturation_give_the_same_results_gpu(monkeypatch, case):
     """`FORWARD_REACH = "saturation"` at real sizes (bfloat16, the GPU's tiles and product kernel): output and
     gradients those of the uncut tables bit for bit (PyTorch's deterministic algorithms on: the backward's
@@ -2775,6 +2883,20 @@ def test_forward_tables_cut_to_the_saturation_give_the_same_results_gpu(monkeypa
         monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
         got = _run(triton_attention, case, inputs, geom)
     _assert_same_bits(got, want)
+    _compare(case, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("far_keys", [64, 128])
+@pytest.mark.parametrize("case", GPU_FAR_CASES.values(), ids=GPU_FAR_CASES.keys())
+def test_forward_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case, far_keys):
+    """`FORWARD_FAR_KEYS` at real sizes (bfloat16, the GPU's tiles, whose vector loads take the wide blocks'
+    alignment on trust): within the grid's tolerance of eager, with and without dropout, and with the forward's
+    tables cut to the saturation too."""
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", far_keys)
+    _compare(case, torch.bfloat16, "cuda")
+    _compare_with_dropout(monkeypatch, case, torch.bfloat16, "cuda", 0.1)
+    monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
     _compare(case, torch.bfloat16, "cuda")
 
 
@@ -2984,6 +3106,23 @@ def test_gpu_benchmark_forward_reach_row_cuts_the_forward_tables(monkeypatch):
     )
     assert modes and set(modes) == {"saturation"}, modes
     assert triton_backend.FORWARD_REACH == "tiles"
+
+
+@pytest.mark.parametrize("keys", [64, 128, "reach"])
+def test_gpu_benchmark_far_keys_rows_widen_the_forward_far_tiles(monkeypatch, keys):
+    """The rows `triton (forward far tiles of 64 / 128 keys)` make their calls with `FORWARD_FAR_KEYS` set to
+    that, the row with the tables cut too with 64 and `FORWARD_REACH` "saturation"; both restored after."""
+    bench = _benchmark_module()
+    row = bench.FAR_KEYS_REACH_ROW if keys == "reach" else bench.FAR_KEYS_ROWS[keys]
+    settings = _seen_in_a_rows_call(
+        monkeypatch,
+        row,
+        "_far_keys",
+        lambda: (triton_backend.FORWARD_FAR_KEYS, triton_backend.FORWARD_REACH),
+    )
+    want = (64, "saturation") if keys == "reach" else (keys, "tiles")
+    assert settings and set(settings) == {want}, settings
+    assert (triton_backend.FORWARD_FAR_KEYS, triton_backend.FORWARD_REACH) == (None, "tiles")
 
 
 def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
