@@ -7,7 +7,10 @@ each step's cap and what it decides):
 
 1. ``environment``: device, clocks, driver, versions (torch, Triton, transformers, flashdeberta), Nsight
    Compute, the commit and the kernels' code hash; ``dispatch``: `triton_dispatch.py` on the machine's CPU;
-   ``launch-cost``: `triton_launch_cost.py` there, Triton's own launch path per kernel;
+   ``launch-cost``: `triton_launch_cost.py` there, Triton's own launch path per kernel; ``forward-settings``:
+   `attention_gpu.py`'s attention section from N = 1024 (where far tiles occur) for the default road and the
+   forward-only settings built without a GPU (``triton (forward tables to the saturation)``, ``triton (forward
+   far tiles of 64 keys)``, ``... of 128 keys``, and 64 keys with the tables cut), beside sdpa: a few rows, first;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
    kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
@@ -332,6 +335,25 @@ def _launch_cost(work: Path, seconds: float, smoke: bool) -> list[str]:
 
 LENGTHS = ["--lengths", "512", "2048", "8192"]
 TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
+# the forward-only settings built without a GPU (the distance tables cut to the saturation, the far tiles in wider
+# blocks, both) beside the default and the ceiling, where far tiles occur (N >= 1024 at v3): a few rows, so that a
+# short lease times them first; the targets step times them too, among every road
+FORWARD_SETTINGS = [
+    "--sections",
+    "attention",
+    "--lengths",
+    "1024",
+    "2048",
+    "8192",
+    "16384",
+    "--impls",
+    "triton",
+    "triton (forward tables to the saturation)",
+    "triton (forward far tiles of 64 keys)",
+    "triton (forward far tiles of 128 keys)",
+    "triton (forward far tiles of 64 keys, tables to the saturation)",
+    "sdpa (no position terms)",
+]
 TILES = ["--sections", "tiles", *LENGTHS, "--tiles", *SWEEP_TILES]
 DISTANCE_TILES = [
     "--sections",
@@ -373,6 +395,12 @@ PLAN = [
     Step("environment", "device, clocks, driver and versions the numbers hold for", _environment, 90, 5),
     Step("dispatch", "the host side of a call on this machine's CPU, kernels not launched", _dispatch, 30, 10),
     Step("launch-cost", "Triton's launch path per kernel on this machine's CPU, the driver left out", _launch_cost, 30, 10),
+    _bench(
+        "forward-settings",
+        "the forward-only settings untimed so far (tables cut to the saturation, far tiles in wider blocks) "
+        "against the default, from N = 1024",
+        120, 50, *FORWARD_SETTINGS, out="attention_gpu_forward_settings.json",
+    ),
     _bench(
         "targets",
         "the issue's targets per near-band road against sdpa and flashdeberta; which road is the default",

@@ -320,11 +320,14 @@ def test_the_real_plans_first_steps_run_in_smoke_form(suite, tmp_path):
     launch path per kernel are timed on the CPU (as on a GPU machine), and the ncu profile, which needs a GPU's
     counters, is listed as having no smoke form."""
     out, work = tmp_path / "out", tmp_path / "work"
-    steps = ["environment", "dispatch", "launch-cost", "targets", "ncu", "gpu-tests"]
+    steps = ["environment", "dispatch", "launch-cost", "forward-settings", "targets", "ncu", "gpu-tests"]
     assert suite.main(["--smoke", "--steps", *steps, "--out", str(out), "--work", str(work)]) == 0
     summary = json.loads((out / "gpu_suite.json").read_text())
     records = {r["step"]: r for r in summary["steps"]}
-    assert [records[s]["status"] for s in steps] == ["ok", "ok", "ok", "ok", "no smoke form", "ok"]
+    assert [records[s]["status"] for s in steps] == ["ok", "ok", "ok", "ok", "ok", "no smoke form", "ok"]
+    forward = json.loads((work / "attention_gpu_forward_settings.json").read_text())
+    timed = {r["impl"] for r in forward["rows"] if "fwd_ms" in r}
+    assert timed == set(_after(suite.FORWARD_SETTINGS, "--impls"))
     dispatch = json.loads((work / "triton_dispatch.json").read_text())
     assert [r["road"] for r in dispatch["calls"]] == [
         "no position terms",
