@@ -125,8 +125,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   (`attention_gpu.NO_PLANS_ROW`: what replaying a forward from its plan saves a call), under PyTorch's
 #   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call), with
 #   the forward's tables cut to the saturation (`attention_gpu.FORWARD_REACH_ROW`: fewer cells written against a
-#   select per pair in the near tiles), the forward's far tiles in wider blocks (`attention_gpu.FAR_KEYS_ROWS`:
-#   fewer instructions a far score against more registers), and both (`attention_gpu.FAR_KEYS_REACH_ROW`);
+#   select per pair in the near tiles; the forward's far tiles in wider blocks, `attention_gpu.FAR_KEYS_ROWS` and
+#   `FAR_KEYS_REACH_ROW`, are the forward-settings step's, which times them at more lengths);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -145,9 +145,6 @@ ROADS = [
     "triton (no call plans)",
     "triton (deterministic algorithms)",
     "triton (forward tables to the saturation)",
-    "triton (forward far tiles of 64 keys)",
-    "triton (forward far tiles of 128 keys)",
-    "triton (forward far tiles of 64 keys, tables to the saturation)",
     "triton (geometry shared)",
     "triton (CUDA graph)",
     "triton tables",
@@ -337,7 +334,7 @@ LENGTHS = ["--lengths", "512", "2048", "8192"]
 TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
 # the forward-only settings built without a GPU (the distance tables cut to the saturation, the far tiles in wider
 # blocks, both) beside the default and the ceiling, where far tiles occur (N >= 1024 at v3): a few rows, so that a
-# short lease times them first; the targets step times them too, among every road
+# short lease times them first (the targets step keeps the tables' cut among its roads, not the far tiles' rows)
 FORWARD_SETTINGS = [
     "--sections",
     "attention",
