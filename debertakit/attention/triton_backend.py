@@ -308,21 +308,24 @@ FORWARD_REACH = "tiles"
 # Triton 3.6 against 255 for 32 keys (12.7 against 15.9 a score) at 164 registers against 148, still three
 # programs an SM; 128 keys take 228 registers, two programs (`benchmarks/triton_static.py`, the ``+far64``
 # sets). The output differs from the default's by rounding only (the online softmax's steps fall elsewhere).
-# Untimed on a GPU: the benchmark's rows "triton (forward far tiles of 64 keys)" and "... 128 keys".
+# Not taken at head dims above 64 with packed rows, where the wide forward spills registers under Triton 3.9 (8
+# to 56 bytes at 128x16 with 8 warps; none under 3.6). Untimed on a GPU: the benchmark's rows "triton (forward far
+# tiles of 64 keys)" and "... 128 keys".
 FORWARD_FAR_KEYS: int | None = None
 
 
-def _far_keys(block_n: int, split: bool) -> int:
+def _far_keys(block_n: int, split: bool, head_dim: int, segments: bool) -> int:
     """The forward's FAR_N for its tiles' ``block_n``: `FORWARD_FAR_KEYS` where the loop runs in far and near
-    parts (``split``: distance i - j with position terms and far tiles), no less than ``block_n``; else
-    ``block_n``."""
+    parts (``split``: distance i - j with position terms and far tiles), no less than ``block_n``, and the
+    wide blocks compile without spills (not at a ``head_dim`` above 64 with ``segments``); else ``block_n``."""
     wide = FORWARD_FAR_KEYS
     if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
         raise ValueError(
             f"triton_backend.FORWARD_FAR_KEYS must be None or a power of two dividing FAR_PAD ({FAR_PAD}), "
             f"got {wide!r}"
         )
-    return wide if wide is not None and split and wide > block_n else block_n
+    spill_free = head_dim <= 64 or not segments
+    return wide if wide is not None and split and spill_free and wide > block_n else block_n
 
 
 def _cuts_forward_tables(layout: tuple[int, int, int], far_tiles: bool, sat: int) -> bool:
@@ -1169,7 +1172,9 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
-            FAR_N=_far_keys(t.block_n, ij and far_tiles and (row is not None or col is not None)),
+            FAR_N=_far_keys(
+                t.block_n, ij and far_tiles and (row is not None or col is not None), D, q_seg is not None
+            ),
         )  # fmt: skip
     return out, lse, inputs
 

@@ -183,7 +183,8 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     if flags["EDGES"] and (kernel != "_fwd_kernel" or not flags["DIST"] or not flags["FAR_TILES"]):
         flags = dict(flags, EDGES=False)  # the forward's distance tables alone are cut, where far tiles occur
     split = flags["IJ"] and terms and flags["FAR_TILES"]  # a loop of far and near runs (`B._far_keys`)
-    if "FAR_N" in flags and (kernel != "_fwd_kernel" or not split):
+    spill_free = head_dim <= 64 or not flags["HAS_SEG"]  # (`B._far_keys`: no wide blocks there)
+    if "FAR_N" in flags and (kernel != "_fwd_kernel" or not split or not spill_free):
         flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return flags
 

@@ -546,15 +546,17 @@ def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch):
     assert launches["_fwd_kernel"][1]["FAR_N"] == 64 and launches["_fwd_kernel"][1]["DROPOUT"]
 
 
-@pytest.mark.parametrize("name", ["n7", "packed_short_sequences", "explicit_positions"])
+@pytest.mark.parametrize("name", ["n7", "packed_short_sequences", "explicit_positions", "packed_d128"])
 def test_forward_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, name):
     """No wide block where the forward's loop has no far runs: no far tile (a short input, a row of short
-    sequences) or positions other than i - j (one run of tiles of any kind)."""
+    sequences) or positions other than i - j (one run of tiles of any kind); nor at head dim 128 with packed
+    rows, where the wide forward spills registers (`_far_keys`)."""
     from debertakit.attention.triton_access import record_run
 
+    cases = {**GRID, "packed_d128": Case(n=70, dim=128, cu_seqlens=(0, 5, 38, 40, 66))}
     monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
     with record_run("triton_kernels.py") as (_, launches):
-        _compare(GRID[name], torch.float32, DEVICE)
+        _compare(cases[name], torch.float32, DEVICE)
     assert launches["_fwd_kernel"][1]["FAR_N"] == launches["_fwd_kernel"][1]["BLOCK_N"]
 
 
@@ -563,15 +565,21 @@ def test_forward_far_keys_setting_is_checked(monkeypatch, value):
     """A `FORWARD_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, before any kernel."""
     monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
     with pytest.raises(ValueError, match=f"FORWARD_FAR_KEYS .* got {value!r}"):
-        triton_backend._far_keys(16, True)
+        triton_backend._far_keys(16, True, 64, False)
 
 
 def test_forward_far_keys_no_narrower_than_the_tiles(monkeypatch):
-    """A setting no wider than the forward's key block leaves it as it is; None is the default's."""
-    for value, block_n, split, want in [(32, 64, True, 64), (64, 64, True, 64), (None, 32, True, 32),
-                                        (128, 32, True, 128), (128, 32, False, 32)]:  # fmt: skip
+    """A setting no wider than the forward's key block leaves it as it is; None is the default's; no wide
+    blocks at head dim 128 with packed rows (segments), where they spill."""
+    cases = [
+        (32, 64, True, 64, False, 64), (64, 64, True, 64, False, 64), (None, 32, True, 64, False, 32),
+        (128, 32, True, 64, False, 128), (128, 32, False, 64, False, 32), (64, 16, True, 64, True, 64),
+        (64, 16, True, 128, False, 64), (64, 16, True, 128, True, 16),
+    ]  # fmt: skip
+    for value, block_n, split, head_dim, segments, want in cases:
         monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
-        assert triton_backend._far_keys(block_n, split) == want, (value, block_n, split)
+        got = triton_backend._far_keys(block_n, split, head_dim, segments)
+        assert got == want, (value, block_n, split, head_dim, segments)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
