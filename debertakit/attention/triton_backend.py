@@ -309,23 +309,32 @@ FORWARD_REACH = "tiles"
 # programs an SM; 128 keys take 228 registers, two programs (`benchmarks/triton_static.py`, the ``+far64``
 # sets). The output differs from the default's by rounding only (the online softmax's steps fall elsewhere).
 # Not taken at head dims above 64 with packed rows, where the wide forward spills registers under Triton 3.9 (8
-# to 56 bytes at 128x16 with 8 warps; none under 3.6). Untimed on a GPU: the benchmark's rows "triton (forward far
-# tiles of 64 keys)" and "... 128 keys".
+# to 56 bytes at 128x16 with 8 warps; none under 3.6); blocks of 128 keys only at head dims up to 64 without
+# dropout or packed rows (elsewhere they spill, 352-408 bytes with segments at head dim 64 under Triton 3.9, and
+# with dropout need more shared memory than an sm_86 block may use: 115 KB at head dim 64; 64 keys are taken
+# there instead). Untimed on a GPU: the benchmark's rows "triton (forward far tiles of 64 keys)" and "... 128
+# keys".
 FORWARD_FAR_KEYS: int | None = None
 
 
-def _far_keys(block_n: int, split: bool, head_dim: int, segments: bool) -> int:
-    """The forward's FAR_N for its tiles' ``block_n``: `FORWARD_FAR_KEYS` where the loop runs in far and near
-    parts (``split``: distance i - j with position terms and far tiles), no less than ``block_n``, and the
-    wide blocks compile without spills (not at a ``head_dim`` above 64 with ``segments``); else ``block_n``."""
-    wide = FORWARD_FAR_KEYS
+def _far_keys(
+    wide: int | None, block_n: int, split: bool, head_dim: int, segments: bool, dropout: bool
+) -> int:
+    """The forward's FAR_N for its tiles' ``block_n``, `FORWARD_FAR_KEYS` being ``wide``: ``wide`` where the
+    loop runs in far and near parts (``split``: distance i - j with position terms and far tiles) and the wide
+    blocks compile without spills or excess shared memory (not at a ``head_dim`` above 64 with ``segments``;
+    128 keys only at head dims up to 64 without ``dropout`` or ``segments``, else 64), no less than
+    ``block_n``; else ``block_n``."""
     if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
         raise ValueError(
             f"triton_backend.FORWARD_FAR_KEYS must be None or a power of two dividing FAR_PAD ({FAR_PAD}), "
             f"got {wide!r}"
         )
-    spill_free = head_dim <= 64 or not segments
-    return wide if wide is not None and split and spill_free and wide > block_n else block_n
+    if wide is None or not split or (head_dim > 64 and segments):
+        return block_n
+    if head_dim > 64 or dropout or segments:
+        wide = min(wide, 64)
+    return max(wide, block_n)
 
 
 def _cuts_forward_tables(layout: tuple[int, int, int], far_tiles: bool, sat: int) -> bool:
@@ -1173,8 +1182,9 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
             FAR_N=_far_keys(
-                t.block_n, ij and far_tiles and (row is not None or col is not None), D, q_seg is not None
-            ),
+                FORWARD_FAR_KEYS, t.block_n, ij and far_tiles and (row is not None or col is not None), D,
+                q_seg is not None, drop_t > 0,
+            ),  # fmt: skip
         )  # fmt: skip
     return out, lse, inputs
 

@@ -88,7 +88,6 @@ SHARED_LIMITS = {80: 163 * 1024, 86: 99 * 1024, 90: 227 * 1024}
 # (2026-11-27); these 80, alone on a quiet machine with an empty Triton cache, 157 s (--part forward 38 s,
 # backward 78 s, tables 40 s).
 RELEASED_HEAD_DIM = 64
-WIDE_FAR_KEYS = 64  # the forward's far tiles in blocks of this many keys, in the variants `_variants` builds
 # ``--part``: the attention kernels' forward (with the sm_75 / sm_80 premise) or backward (`triton_kernels`;
 # "dq" and "dkv" its two kernels), or the distance tables' product and the backward's fold kernels
 # (`triton_products`); the default test run builds forward, dq, dkv and tables in four tests, which two workers
@@ -139,9 +138,11 @@ def _variants(flags: dict):
     # (`FORWARD_REACH`; the backward kernels take no such flag: `_buildable`, and `main` builds each
     # configuration once)
     yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True)
-    # the forward's far tiles in blocks of 64 keys (`FORWARD_FAR_KEYS`, ``FAR_N``), its tables whole and cut
-    yield dict(flags, DIST=True, GRAD_BANDS=True, FAR_N=WIDE_FAR_KEYS)
-    yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True, FAR_N=WIDE_FAR_KEYS)
+    # the forward's far tiles in blocks of 64 keys, and of 128 without packed rows, where the backend takes them
+    # (`FORWARD_FAR_KEYS`, ``FAR_N``, as `_far_keys` gives it), its tables whole and cut
+    for edges in (False, True):
+        yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=edges, FAR_N=64)
+        yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=edges, FAR_N=128, HAS_SEG=False)
     # inputs no longer than the saturation (v3 at N <= 512): one near run per program
     yield dict(flags, FAR_TILES=False)
     yield dict(flags, DIST=True, FAR_TILES=False)
@@ -182,11 +183,21 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
         flags = dict(flags, FAR_TILES=True)
     if flags["EDGES"] and (kernel != "_fwd_kernel" or not flags["DIST"] or not flags["FAR_TILES"]):
         flags = dict(flags, EDGES=False)  # the forward's distance tables alone are cut, where far tiles occur
-    split = flags["IJ"] and terms and flags["FAR_TILES"]  # a loop of far and near runs (`B._far_keys`)
-    spill_free = head_dim <= 64 or not flags["HAS_SEG"]  # (`B._far_keys`: no wide blocks there)
-    if "FAR_N" in flags and (kernel != "_fwd_kernel" or not split or not spill_free):
+    if "FAR_N" in flags and kernel != "_fwd_kernel":
         flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return flags
+
+
+def _far_keys(flags: dict, head_dim: int, block_n: int) -> dict:
+    """``flags`` with the forward's FAR_N as the backend takes it (`triton_backend._far_keys`), or without it
+    where the backend takes none wider than the tiles' ``block_n``."""
+    if "FAR_N" not in flags:
+        return flags
+    split = flags["IJ"] and (flags["HAS_ROW"] or flags["HAS_COL"]) and flags["FAR_TILES"]
+    wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"])
+    if wide == block_n:
+        return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
+    return dict(flags, FAR_N=wide)
 
 
 def tensor_cores_from_sm80() -> list[str]:
@@ -231,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in kernels:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
-            if flags.get("FAR_N", tiles.block_n) <= tiles.block_n:  # no wider than the tiles' (`B._far_keys`)
-                flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
+            flags = _far_keys(flags, head_dim, tiles.block_n)
             key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
             if key in built:  # (a variant that differs only in a flag this kernel does not take)
                 continue
@@ -248,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # the checks below are of the configured tiles' code an H100 runs
             if c is not None and c.stack_bytes:
                 # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
+                # (not the forward's wide far blocks, untimed: `triton_backend.FORWARD_FAR_KEYS`)
                 timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
+                timed = timed and "FAR_N" not in flags
                 (timed_spills if timed else spills).append(f"{name} d{head_dim} {tiles} {flags}: {c}")
             # warps that repeat others' products do the tile's work twice (`triton_aot.replication`): the static
             # report prefers tiles without, and found them for every kernel, head dim and use

@@ -468,13 +468,28 @@ def test_forward_tables_stay_whole_where_nothing_is_cut(monkeypatch, name, keep)
 
 
 # Longer than the grid's cases, so that the far-right run holds whole blocks of 64 keys too (from the fifth query
-# block on): one row whole, one padded to a length that is no multiple of 16
+# block on) and one of 128 (the last): one row whole, one padded to a length that is no multiple of 16; and the
+# same length padded on the left (keys masked from the start: the programs' first visible key past 0)
 WIDE_FAR_CASES = {**GRID, "n150_padded": Case(n=150, batch=2, key_lengths=(150, 97))}
+
+
+def _wide_far_geometry(name: str) -> Geometry | None:
+    """The geometry of a `WIDE_FAR_CASES` case (None: the case's own), ``n150_left_padded`` its keys masked from
+    the start: 40 in the first row, 77 in the second (`test_left_padded_keys_match_eager`'s way)."""
+    if name != "n150_left_padded":
+        return None
+    geom = Geometry()
+    geom.key_mask = torch.arange(150, device=DEVICE)[None] >= torch.tensor([[40], [77]], device=DEVICE)
+    return geom
+
+
+WIDE_FAR_CASES["n150_left_padded"] = Case(n=150, batch=2)
 
 
 @pytest.mark.parametrize(
     "name, dtype, far_keys",
     [(name, "float32", keys) for name in (*FORWARD_REACH_CASES, "n150_padded") for keys in (32, 64)]
+    + [("n150_padded", "float32", 128), ("n150_left_padded", "float32", 64)]
     + [(name, "bfloat16", 64) for name in ("n150_padded", "packed")],
 )
 def test_forward_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_keys):
@@ -487,7 +502,7 @@ def test_forward_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, 
 
     monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", far_keys)
     with record_run("triton_kernels.py") as (_, launches):
-        _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE)
+        _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE, _wide_far_geometry(name))
     assert launches["_fwd_kernel"][1]["FAR_N"] == far_keys
     assert launches["_fwd_kernel"][1]["BLOCK_N"] == 16
 
@@ -535,14 +550,17 @@ def test_forward_far_tiles_in_wide_blocks_on_every_road(monkeypatch, road):
     assert launches["_fwd_kernel"][1]["EDGES"] == (road == "distance")
 
 
-def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch):
-    """Wide far blocks draw the mask the narrow ones draw (a function of the pair, not of the tile): output and
-    gradients equal eager's probabilities times the kernels' mask, which the backward's narrow tiles redraw."""
+@pytest.mark.parametrize("far_keys", [64, 128])
+def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, far_keys):
+    """Wide far blocks draw the mask the narrow ones draw (a function of the pair, not of the tile: visible keys
+    in every group of eight columns of a wide tile): output and gradients equal eager's probabilities times the
+    kernels' mask, which the backward's narrow tiles redraw. With dropout 128 keys are taken as 64
+    (`_far_keys`)."""
     from debertakit.attention.triton_access import record_run
 
-    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", far_keys)
     with record_run("triton_kernels.py") as (_, launches):
-        _compare_with_dropout(monkeypatch, GRID["n70_saturating"], torch.float32, DEVICE, 0.3)
+        _compare_with_dropout(monkeypatch, WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE, 0.3)
     assert launches["_fwd_kernel"][1]["FAR_N"] == 64 and launches["_fwd_kernel"][1]["DROPOUT"]
 
 
@@ -562,24 +580,29 @@ def test_forward_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, name):
 
 @pytest.mark.parametrize("value", [48, 256, 0, "64", True])
 def test_forward_far_keys_setting_is_checked(monkeypatch, value):
-    """A `FORWARD_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, before any kernel."""
-    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
+    """A `FORWARD_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, at the forward's launch
+    (a call raises it too)."""
     with pytest.raises(ValueError, match=f"FORWARD_FAR_KEYS .* got {value!r}"):
-        triton_backend._far_keys(16, True, 64, False)
+        triton_backend._far_keys(value, 16, True, 64, False, False)
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
+    with pytest.raises(ValueError, match="FORWARD_FAR_KEYS"):
+        _compare(GRID["n7"], torch.float32, DEVICE)
 
 
-def test_forward_far_keys_no_narrower_than_the_tiles(monkeypatch):
+def test_forward_far_keys_no_narrower_than_the_tiles():
     """A setting no wider than the forward's key block leaves it as it is; None is the default's; no wide
-    blocks at head dim 128 with packed rows (segments), where they spill."""
-    cases = [
-        (32, 64, True, 64, False, 64), (64, 64, True, 64, False, 64), (None, 32, True, 64, False, 32),
-        (128, 32, True, 64, False, 128), (128, 32, False, 64, False, 32), (64, 16, True, 64, True, 64),
-        (64, 16, True, 128, False, 64), (64, 16, True, 128, True, 16),
+    blocks at head dim 128 with packed rows (segments), where they spill; 128 keys taken as 64 at head dim 128,
+    with dropout or with segments (spills, and sm_86's shared memory)."""
+    cases = [  # value, block_n, split, head_dim, segments, dropout -> FAR_N
+        (32, 64, True, 64, False, False, 64), (64, 64, True, 64, False, False, 64),
+        (None, 32, True, 64, False, False, 32), (128, 32, True, 64, False, False, 128),
+        (128, 32, False, 64, False, False, 32), (64, 16, True, 64, True, False, 64),
+        (64, 16, True, 128, False, False, 64), (64, 16, True, 128, True, False, 16),
+        (128, 16, True, 128, False, False, 64), (128, 16, True, 64, False, True, 64),
+        (128, 32, True, 64, True, False, 64), (128, 16, True, 128, True, True, 16),
     ]  # fmt: skip
-    for value, block_n, split, head_dim, segments, want in cases:
-        monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
-        got = triton_backend._far_keys(block_n, split, head_dim, segments)
-        assert got == want, (value, block_n, split, head_dim, segments)
+    for *args, want in cases:
+        assert triton_backend._far_keys(*args) == want, args
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
