@@ -301,8 +301,9 @@ def _distance_layout(
 FORWARD_REACH_MODES = ("tiles", "saturation")
 FORWARD_REACH = "tiles"
 
-# The forward's far tiles in blocks of this many keys (None: its tiles' BLOCK_N, as before), at distance i - j
-# where far tiles occur (`triton_kernels._fwd_keys`; the near tiles keep BLOCK_N). A far tile is plain attention
+# The forward's far tiles in blocks of this many keys (None: its tiles' BLOCK_N, as before), on the distance road
+# where far tiles occur (`triton_kernels._fwd_keys`; the near tiles keep BLOCK_N; the other roads, kept for
+# timing, take none: the static report and the compile check measured the distance road's). A far tile is plain attention
 # plus a row and a column vector, and wider ones spread a step's fixed work over more keys: at the head-dim-64
 # forward's 64x32 (4 warps, distance road, sm_90) blocks of 64 keys take 406 instructions a thread a tile under
 # Triton 3.6 against 255 for 32 keys (12.7 against 15.9 a score) at 164 registers against 148, still three
@@ -321,7 +322,7 @@ def _far_keys(
     wide: int | None, block_n: int, split: bool, head_dim: int, segments: bool, dropout: bool
 ) -> int:
     """The forward's FAR_N for its tiles' ``block_n``, `FORWARD_FAR_KEYS` being ``wide``: ``wide`` where the
-    loop runs in far and near parts (``split``: distance i - j with position terms and far tiles) and the wide
+    loop runs in far and near parts on the distance road (``split``: distance tables and far tiles) and the wide
     blocks compile without spills or excess shared memory (not at a ``head_dim`` above 64 with ``segments``;
     128 keys only at head dims up to 64 without ``dropout`` or ``segments``, else 64), no less than
     ``block_n``; else ``block_n``."""
@@ -1181,10 +1182,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
             SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
-            FAR_N=_far_keys(
-                FORWARD_FAR_KEYS, t.block_n, ij and far_tiles and (row is not None or col is not None), D,
-                q_seg is not None, drop_t > 0,
-            ),  # fmt: skip
+            FAR_N=_far_keys(FORWARD_FAR_KEYS, t.block_n, dist and far_tiles, D, q_seg is not None, drop_t > 0),
         )  # fmt: skip
     return out, lse, inputs
 

@@ -193,7 +193,7 @@ def _far_keys(flags: dict, head_dim: int, block_n: int) -> dict:
     where the backend takes none wider than the tiles' ``block_n``."""
     if "FAR_N" not in flags:
         return flags
-    split = flags["IJ"] and (flags["HAS_ROW"] or flags["HAS_COL"]) and flags["FAR_TILES"]
+    split = flags["DIST"] and flags["FAR_TILES"]  # (the distance road: `_buildable` clears DIST elsewhere)
     wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"])
     if wide == block_n:
         return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
