@@ -183,19 +183,17 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
         flags = dict(flags, FAR_TILES=True)
     if flags["EDGES"] and (kernel != "_fwd_kernel" or not flags["DIST"] or not flags["FAR_TILES"]):
         flags = dict(flags, EDGES=False)  # the forward's distance tables alone are cut, where far tiles occur
-    if "FAR_N" in flags and kernel != "_fwd_kernel":
-        flags = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return flags
 
 
-def _far_keys(flags: dict, head_dim: int, block_n: int) -> dict:
-    """``flags`` with the forward's FAR_N as the backend takes it (`triton_backend._far_keys`), or without it
-    where the backend takes none wider than the tiles' ``block_n``."""
+def _far_keys(flags: dict, head_dim: int, kernel: str, block_n: int) -> dict:
+    """``flags`` (`_buildable`'s) with the forward's FAR_N as the backend takes it (`triton_backend._far_keys`),
+    or without it for the other kernels and where the backend takes none wider than the tiles' ``block_n``."""
     if "FAR_N" not in flags:
         return flags
     split = flags["DIST"] and flags["FAR_TILES"]  # (the distance road: `_buildable` clears DIST elsewhere)
     wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"])
-    if wide == block_n:
+    if wide == block_n or kernel != "_fwd_kernel":
         return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return dict(flags, FAR_N=wide)
 
@@ -242,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in kernels:
             flags = _buildable(every, head_dim, name)
             tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
-            flags = _far_keys(flags, head_dim, tiles.block_n)
+            flags = _far_keys(flags, head_dim, name, tiles.block_n)
             key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
             if key in built:  # (a variant that differs only in a flag this kernel does not take)
                 continue

@@ -249,10 +249,14 @@ def test_left_padded_keys_match_eager(monkeypatch, near_band):
     later): the distance cells whose partner lies there are never visited, and the kernels write their zeros
     outside the loop (`_zero_unvisited`; the tests start the buffers as NaN, so a missed cell shows)."""
     monkeypatch.setattr(triton_backend, "NEAR_BAND", near_band)
-    c = Case(n=70, batch=2)
+    _compare(Case(n=70, batch=2), torch.float32, DEVICE, _left_padded(70, (40, 3)))
+
+
+def _left_padded(n: int, starts: tuple[int, ...]) -> Geometry:
+    """A geometry whose batch row b masks its first ``starts[b]`` of ``n`` keys."""
     geom = Geometry()
-    geom.key_mask = torch.arange(70, device=DEVICE)[None] >= torch.tensor([[40], [3]], device=DEVICE)
-    _compare(c, torch.float32, DEVICE, geom)
+    geom.key_mask = torch.arange(n, device=DEVICE)[None] >= torch.tensor(starts, device=DEVICE)[:, None]
+    return geom
 
 
 TERMS = {
@@ -470,20 +474,17 @@ def test_forward_tables_stay_whole_where_nothing_is_cut(monkeypatch, name, keep)
 # Longer than the grid's cases, so that the far-right run holds whole blocks of 64 keys too (from the fifth query
 # block on) and one of 128 (the last): one row whole, one padded to a length that is no multiple of 16; and the
 # same length padded on the left (keys masked from the start: the programs' first visible key past 0)
-WIDE_FAR_CASES = {**GRID, "n150_padded": Case(n=150, batch=2, key_lengths=(150, 97))}
+WIDE_FAR_CASES = {
+    **GRID,
+    "n150_padded": Case(n=150, batch=2, key_lengths=(150, 97)),
+    "n150_left_padded": Case(n=150, batch=2),  # its geometry: `_wide_far_geometry`
+}
 
 
 def _wide_far_geometry(name: str) -> Geometry | None:
     """The geometry of a `WIDE_FAR_CASES` case (None: the case's own), ``n150_left_padded`` its keys masked from
-    the start: 40 in the first row, 77 in the second (`test_left_padded_keys_match_eager`'s way)."""
-    if name != "n150_left_padded":
-        return None
-    geom = Geometry()
-    geom.key_mask = torch.arange(150, device=DEVICE)[None] >= torch.tensor([[40], [77]], device=DEVICE)
-    return geom
-
-
-WIDE_FAR_CASES["n150_left_padded"] = Case(n=150, batch=2)
+    the start: 40 in the first row, 77 in the second."""
+    return _left_padded(150, (40, 77)) if name == "n150_left_padded" else None
 
 
 @pytest.mark.parametrize(
