@@ -55,7 +55,9 @@ Sections (all bfloat16 on one CUDA device):
    N >= 1024 instead of 1217, its near tiles selecting the saturated values beyond them).
    ``triton (forward far tiles of 64 keys)`` and ``... of 128 keys`` are ``triton`` with the forward's far tiles
    in blocks of that many keys (`triton_backend.FORWARD_FAR_KEYS`; its near tiles keep their 32), and
-   ``triton (forward far tiles of 64 keys, tables to the saturation)`` with the forward's tables cut too.
+   ``triton (forward far tiles of 64 keys, tables to the saturation)`` with the forward's tables cut too;
+   ``triton (forward and dQ far tiles of 64 keys)`` with dQ's far tiles in blocks of 64 keys as well
+   (`triton_backend.DQ_FAR_KEYS`): its forward+backward against the 64-key forward row's is dQ's change.
    ``triton (three runs)`` is ``triton`` with `triton_backend.ONE_NEAR_RUN` off:
    where no far tile occurs (N <= 512 here) each program's loop runs as the three runs of longer inputs, two of
    them empty, as before the one near run; from N = 1024 on it runs the same kernels as ``triton``.
@@ -461,6 +463,7 @@ def _attention_rows(
             FORWARD_REACH_ROW: dict(FORWARD_REACH="saturation"),
             **{FAR_KEYS_ROWS[keys]: dict(FORWARD_FAR_KEYS=keys) for keys in FAR_KEYS_ROWS},
             FAR_KEYS_REACH_ROW: dict(FORWARD_FAR_KEYS=64, FORWARD_REACH="saturation"),
+            WIDE_FAR_ROW: dict(FORWARD_FAR_KEYS=64, DQ_FAR_KEYS=64),
         }
         for row, settings in changed.items():
             candidates[row], settings_of[row] = (candidates["triton"][0], leaves, grad), settings
@@ -600,6 +603,10 @@ FORWARD_REACH_ROW = "triton (forward tables to the saturation)"
 # tables cut to the saturation as well, the two forward-only changes together
 FAR_KEYS_ROWS = {keys: f"triton (forward far tiles of {keys} keys)" for keys in (64, 128)}
 FAR_KEYS_REACH_ROW = "triton (forward far tiles of 64 keys, tables to the saturation)"
+# ... and dQ's far tiles in blocks of 64 keys too (`triton_backend.DQ_FAR_KEYS`; 32 at head dim 128): its
+# forward the row above's, its backward's difference from that row's dQ's (Triton 3.6, sm_90, head dim 64: 12.6
+# instructions a far score against 14.8, at 224 registers against 139, three programs an SM to two)
+WIDE_FAR_ROW = "triton (forward and dQ far tiles of 64 keys)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position
 # rows, block ranges, lookup table, the distance tables' cells) the call builds; a model's layers share one, so
 # the geometry's work is paid once per forward, not per layer. The difference is that work (host and GPU)
@@ -671,6 +678,7 @@ def attention_row_names() -> list[str]:
         FORWARD_REACH_ROW,
         *FAR_KEYS_ROWS.values(),
         FAR_KEYS_REACH_ROW,
+        WIDE_FAR_ROW,
         SHARED_GEOMETRY_ROW,
         GRAPHED_ROW,
         PLAIN_ROW,

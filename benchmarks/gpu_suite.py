@@ -9,8 +9,9 @@ each step's cap and what it decides):
    Compute, the commit and the kernels' code hash; ``dispatch``: `triton_dispatch.py` on the machine's CPU;
    ``launch-cost``: `triton_launch_cost.py` there, Triton's own launch path per kernel; ``forward-settings``:
    `attention_gpu.py`'s attention section from N = 1024 (where far tiles occur) for the default road and the
-   forward-only settings built without a GPU (``triton (forward tables to the saturation)``, ``triton (forward
-   far tiles of 64 keys)``, ``... of 128 keys``, and 64 keys with the tables cut), beside sdpa: a few rows, first;
+   forward's settings built without a GPU (``triton (forward tables to the saturation)``, ``triton (forward
+   far tiles of 64 keys)``, ``... of 128 keys``, and 64 keys with the tables cut; and dQ's far tiles in blocks of
+   64 keys with the forward's, ``triton (forward and dQ far tiles of 64 keys)``), beside sdpa: a few rows, first;
 2. ``targets``: `attention_gpu.py`'s attention section at N = 512, 2048, 8192, 16384 for the default road, the
    same with cuBLAS's distance tables (``triton (cuBLAS tables)``: what the product kernel changes), with that
    kernel's rows' ends stored element by element (``triton (product edges masked)``), with the backward's
@@ -126,7 +127,8 @@ TARGET_LENGTHS = ["512", "2048", "8192", "16384"]
 #   deterministic algorithms (`attention_gpu.DETERMINISTIC_ROW`: what reproducible gradients cost a call), with
 #   the forward's tables cut to the saturation (`attention_gpu.FORWARD_REACH_ROW`: fewer cells written against a
 #   select per pair in the near tiles; the forward's far tiles in wider blocks, `attention_gpu.FAR_KEYS_ROWS` and
-#   `FAR_KEYS_REACH_ROW`, are the forward-settings step's, which times them at more lengths);
+#   `FAR_KEYS_REACH_ROW`, and dQ's, `WIDE_FAR_ROW`, are the forward-settings step's, which times them at more
+#   lengths);
 # and the other roads. The product kernel's other variants are left to the profile step.
 ROADS = [
     "triton",
@@ -332,9 +334,11 @@ def _launch_cost(work: Path, seconds: float, smoke: bool) -> list[str]:
 
 LENGTHS = ["--lengths", "512", "2048", "8192"]
 TARGETS = ["--sections", "attention", "--lengths", *TARGET_LENGTHS, "--impls", *ROADS, *CEILINGS]
-# the forward-only settings built without a GPU (the distance tables cut to the saturation, the far tiles in wider
-# blocks, both) beside the default and the ceiling, where far tiles occur (N >= 1024 at v3): a few rows, so that a
-# short lease times them first (the targets step keeps the tables' cut among its roads, not the far tiles' rows)
+# the forward's settings built without a GPU (the distance tables cut to the saturation, the far tiles in wider
+# blocks, both; and dQ's far tiles in wider blocks with the forward's, whose forward+backward against the 64-key
+# forward row's is dQ's change) beside the default and the ceiling, where far tiles occur (N >= 1024 at v3): a few
+# rows, so that a short lease times them first (the targets step keeps the tables' cut among its roads, not the
+# far tiles' rows)
 FORWARD_SETTINGS = [
     "--sections",
     "attention",
@@ -349,6 +353,7 @@ FORWARD_SETTINGS = [
     "triton (forward far tiles of 64 keys)",
     "triton (forward far tiles of 128 keys)",
     "triton (forward far tiles of 64 keys, tables to the saturation)",
+    "triton (forward and dQ far tiles of 64 keys)",
     "sdpa (no position terms)",
 ]
 TILES = ["--sections", "tiles", *LENGTHS, "--tiles", *SWEEP_TILES]
@@ -394,9 +399,9 @@ PLAN = [
     Step("launch-cost", "Triton's launch path per kernel on this machine's CPU, the driver left out", _launch_cost, 30, 10),
     _bench(
         "forward-settings",
-        "the forward-only settings untimed so far (tables cut to the saturation, far tiles in wider blocks) "
-        "against the default, from N = 1024",
-        120, 50, *FORWARD_SETTINGS, out="attention_gpu_forward_settings.json",
+        "the settings untimed so far (the forward's tables cut to the saturation, the forward's and dQ's far "
+        "tiles in wider blocks) against the default, from N = 1024",
+        140, 50, *FORWARD_SETTINGS, out="attention_gpu_forward_settings.json",
     ),
     _bench(
         "targets",

@@ -27,7 +27,8 @@ runs and the sums. The forward is also compiled with its distance tables cut to 
 tiles select the saturated values for their pairs beyond the tables' reach), shown, not used to choose, and with
 its far runs in blocks of 64 keys (``v3+dist+far64``, ``packed+dist+far64``, ``v3+dist+edges+far64`` and
 ``v3+dist+dropout+far64``: `triton_backend.FORWARD_FAR_KEYS` = 64, ``FAR_N``; at tiles of 64 keys or more, the
-tile's own), shown too.
+tile's own), shown too; and dQ with its far runs in wide blocks (``v3+dist+far64`` and ``v3+dist+dropout+far32``:
+`triton_backend.DQ_FAR_KEYS`), shown too (`SET_KERNELS`: which kernels compile which set).
 
 A configuration qualifies for a use (``inference``: the three sets without dropout; ``dist``: the two
 distance-table sets; ``dropout``: the three with dropout; ``dist+dropout``: the two distance-table sets with
@@ -120,6 +121,12 @@ _FAR_SETS = {
         "v3+dist+dropout": _DIST_DROPOUT_SETS["v3+dist+dropout"],
     }.items()
 }
+# dQ's far runs in wide blocks (``FAR_N``: `triton_backend.DQ_FAR_KEYS`), as the backend takes them without packed
+# rows: 64 keys, and 32 with dropout; shown, not configured
+_DQ_FAR_SETS = {
+    "v3+dist+far64": _FAR_SETS["v3+dist+far64"],
+    "v3+dist+dropout+far32": dict(_DIST_DROPOUT_SETS["v3+dist+dropout"], FAR_N=32),
+}
 FEATURES = {
     **{name: dict(f, DROPOUT=False) for name, f in _SETS.items()},
     **_DIST_SETS,
@@ -130,6 +137,7 @@ FEATURES = {
     **_SHORT_SETS,
     **_EDGE_SETS,
     **_FAR_SETS,
+    **_DQ_FAR_SETS,
     "plain": dict(
         IJ=True,
         HAS_ROW=False,
@@ -149,7 +157,24 @@ USES = {
     "skew": ("v3+skew", "packed+skew"),  # the near band from the position tables
     "skew+dropout": ("v3+skew+dropout", "packed+skew+dropout"),
 }
-FORWARD_ONLY = ("plain", *_EDGE_SETS, *_FAR_SETS)
+# the sets compiled for some kernels alone (every other set: all three): the forward's own (``plain``,
+# ``+edges``), and the wide far blocks' for the kernels that take them (`_FAR_SETS`: the forward's,
+# `_DQ_FAR_SETS`: dQ's; ``v3+dist+far64`` both)
+SET_KERNELS = {
+    "plain": ("_fwd_kernel",),
+    **dict.fromkeys(_EDGE_SETS, ("_fwd_kernel",)),
+    **{
+        name: ("_fwd_kernel",) * (name in _FAR_SETS) + ("_dq_kernel",) * (name in _DQ_FAR_SETS)
+        for name in {**_FAR_SETS, **_DQ_FAR_SETS}
+    },
+}
+
+
+def compiled_for(feature: str, kernel: str) -> bool:
+    """Whether the report compiles ``kernel`` in set ``feature`` (`SET_KERNELS`)."""
+    return kernel in SET_KERNELS.get(feature, (kernel,))
+
+
 # 8 warps for every shape; 4 only for the small ones (larger 4-warp tiles spill: an earlier sweep); 16 keys per
 # tile for the warpgroup row counts, for the register-hungry variants (dropout at head dim 128); 32x16 and 16x32
 # for the skewed backward, whose two extra products per near tile need the registers of a larger tile (16x32
@@ -319,8 +344,9 @@ def _loops(loops: list[int]) -> str:
 
 
 def _loop_widths(loops: list[int], block_n: int, feature: str) -> list[int]:
-    """The key blocks of a forward's loops over tiles, in address order: BLOCK_N, but in a ``+far64`` set with
-    wider far blocks (five loops: each far run's wide blocks, then its narrow ones, around the near loop)."""
+    """The key blocks of a forward's or dQ's loops over tiles, in address order: BLOCK_N, but in a ``+far64`` /
+    ``+far32`` set with wider far blocks (five loops: each far run's wide blocks, then its narrow ones, around
+    the near loop)."""
     wide = max(FEATURES[feature].get("FAR_N", block_n), block_n)
     if len(loops) == 5 and wide > block_n:
         return [wide, block_n, block_n, wide, block_n]
@@ -345,8 +371,10 @@ def tile_costs(rows: list[dict], chosen: dict) -> str:
             plain = by_key.get(("_fwd_kernel", hd, tiles, "plain", version), {}).get("tile_loops", [])
             sets = (*_SETS, *_DIST_SETS, *(name for name, f in _SHORT_SETS.items() if not f["DROPOUT"]))
             edges = (name for name, f in _EDGE_SETS.items() if not f["DROPOUT"])
-            far = (name for name, f in _FAR_SETS.items() if not f["DROPOUT"])
-            for feature in ("plain", *sets, *edges, *far) if kernel == "_fwd_kernel" else sets:
+            far = (name for name, f in {**_FAR_SETS, **_DQ_FAR_SETS}.items() if not f["DROPOUT"])
+            for feature in ("plain", *sets, *edges, *far):
+                if not compiled_for(feature, kernel):
+                    continue
                 loops = by_key.get((kernel, hd, tiles, feature, version), {}).get("tile_loops", [])
                 if not loops:
                     continue
@@ -399,7 +427,7 @@ def compile_rows(args: argparse.Namespace) -> list[dict]:
         for hd in args.head_dims
         for cand in CANDIDATES
         for feature in FEATURES
-        if feature not in FORWARD_ONLY or kernel == "_fwd_kernel"
+        if compiled_for(feature, kernel)
     ]
     try:
         from tqdm import tqdm
@@ -464,7 +492,8 @@ def write_report(
         "The forward's `+edges` sets cut its distance tables to the saturation (`triton_backend.FORWARD_REACH`):",
         "their near loop selects the saturated values for the pairs beyond the tables' reach. Its `+far64` sets take",
         "the far runs in blocks of 64 keys (`triton_backend.FORWARD_FAR_KEYS`): five loops, each far run's wide",
-        "blocks (per score over their 64 keys), then its narrow ones, around the near loop.",
+        "blocks (per score over their 64 keys), then its narrow ones, around the near loop; dQ's `+far64` and",
+        "`+far32` sets the same for dQ (`triton_backend.DQ_FAR_KEYS`).",
         "Static: a loop's instructions, not its time (latencies, memory and the tensor cores' throughput differ).",
         "",
         costs,

@@ -267,7 +267,7 @@ def compile_kernel(
 
     prec = 1 if dtype == "fp32" else 0
     # a flag not given is off (a kernel's flags added later: callers name the ones they set); ``flags`` may also
-    # give the forward's FAR_N (its far runs' key blocks, BLOCK_N where not given)
+    # give FAR_N (the forward's and dQ's far runs' key blocks, BLOCK_N where not given)
     flags = dict.fromkeys(FLAGS, False) | flags
     sizes = dict(
         HEAD_DIM=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, FAR_N=tiles.block_n, PREC=prec

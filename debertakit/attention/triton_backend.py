@@ -316,26 +316,53 @@ FORWARD_REACH = "tiles"
 # there instead). Untimed on a GPU: the benchmark's rows "triton (forward far tiles of 64 keys)" and "... 128
 # keys".
 FORWARD_FAR_KEYS: int | None = None
+# The same for the dQ kernel's far tiles (`triton_kernels._dq_keys`; its loop runs over key blocks as the
+# forward's does): plain attention's backward plus a row sum of dS a far tile. At the head-dim-64 dQ's 64x32
+# (4 warps, distance road, sm_90) blocks of 64 keys take 12.6 instructions a far score under Triton 3.6 against
+# 14.8 for 32 keys (13.6 against 18.3 under 3.9) at 224 registers against 139 (three programs an SM to two); at
+# head dim 128 (128x16, 8 warps: one program either way) 32 keys take 19.1 against 23.5 (3.6; 19.8 against 29.2
+# under 3.9), and with dropout at head dim 64 (128x16, 8 warps) 32.5 against 37.1 (`benchmarks/triton_static.py`,
+# the ``+far64`` / ``+far32`` sets; trial compiles). Blocks of 64 keys only at head dims up to 64 without
+# dropout (elsewhere they spill: 8 bytes with dropout under 3.9, 16 at head dim 128 on sm_86; 32 keys are taken
+# there instead), 128 nowhere (8 bytes under 3.9 at head dim 64, 416 with segments); none with packed rows
+# (segments: at head dim 64, 28.4 instructions a score against 28.7 under 3.6, at 254 registers against 176;
+# at 128, 32 keys spill with dropout) nor at head dim 128 with dropout (32 keys spill on sm_86, 8-16 bytes).
+# Untimed on a GPU: the benchmark's row "triton (forward and dQ far tiles of 64 keys)".
+DQ_FAR_KEYS: int | None = None
 
 
 def _far_keys(
-    wide: int | None, block_n: int, split: bool, head_dim: int, segments: bool, dropout: bool
+    wide: int | None,
+    block_n: int,
+    split: bool,
+    head_dim: int,
+    segments: bool,
+    dropout: bool,
+    kernel: str = "_fwd_kernel",
 ) -> int:
-    """The forward's FAR_N for its tiles' ``block_n``, `FORWARD_FAR_KEYS` being ``wide``: ``wide`` where the
-    loop runs in far and near parts on the distance road (``split``: distance tables and far tiles) and the wide
-    blocks compile without spills or excess shared memory (not at a ``head_dim`` above 64 with ``segments``;
-    128 keys only at head dims up to 64 without ``dropout`` or ``segments``, else 64), no less than
-    ``block_n``; else ``block_n``."""
+    """FAR_N of ``kernel`` (the forward, or dQ) for its tiles' ``block_n``, its setting (`FORWARD_FAR_KEYS`,
+    `DQ_FAR_KEYS`) being ``wide``: ``wide`` where the loop runs in far and near parts on the distance road
+    (``split``: distance tables and far tiles), no wider than compiles without spills or excess shared memory
+    (the forward: none at a ``head_dim`` above 64 with ``segments``, 128 keys only at head dims up to 64 without
+    ``dropout`` or ``segments``, else 64; dQ: none with ``segments`` or at a head dim above 64 with
+    ``dropout``, 64 at head dims up to 64 without ``dropout``, else 32), no less than ``block_n``; else
+    ``block_n``."""
+    setting = "FORWARD_FAR_KEYS" if kernel == "_fwd_kernel" else "DQ_FAR_KEYS"
     if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
         raise ValueError(
-            f"triton_backend.FORWARD_FAR_KEYS must be None or a power of two dividing FAR_PAD ({FAR_PAD}), "
-            f"got {wide!r}"
+            f"triton_backend.{setting} must be None or a power of two dividing FAR_PAD ({FAR_PAD}), got {wide!r}"
         )
-    if wide is None or not split or (head_dim > 64 and segments):
+    if wide is None or not split:
         return block_n
-    if head_dim > 64 or dropout or segments:
-        wide = min(wide, 64)
-    return max(wide, block_n)
+    if kernel == "_fwd_kernel":
+        if head_dim > 64 and segments:
+            return block_n
+        widest = 64 if head_dim > 64 or dropout or segments else 128
+    else:
+        if segments or (head_dim > 64 and dropout):
+            return block_n
+        widest = 32 if head_dim > 64 or dropout else 64
+    return max(min(wide, widest), block_n)
 
 
 def _cuts_forward_tables(layout: tuple[int, int, int], far_tiles: bool, sat: int) -> bool:
@@ -1815,8 +1842,10 @@ def _bwd(
             q, k, v, out, dout, lse, delta, *tables, kv_lo, kv_hi,
             dq, _or_unused(dq_dist, dev, q.dtype), *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, DW, TR, scale, **flags, **_launch(t_dq), SKEW=skew,
-            DIST=dist, GRAD_BANDS=grad_bands,
-            WT=t_dq.skew_width,
+            DIST=dist, GRAD_BANDS=grad_bands, WT=t_dq.skew_width,
+            FAR_N=_far_keys(
+                DQ_FAR_KEYS, t_dq.block_n, dist and far_tiles, D, q_seg is not None, drop_t > 0, "_dq_kernel"
+            ),
         )  # fmt: skip
         launcher(kern._dkv_kernel)[(triton_cdiv(NK, t_dkv.block_n) * B * H,)](
             q, k, v, dout, lse, delta, *tables, q_lo, q_hi,

@@ -54,10 +54,11 @@ than R / 2 would hold cells no pair reads, the caller lays the tables out in ban
 band, and moving the table's pointer to that band (`_band_shift`) keeps pair (i, j) at ``i·R + j`` from it. With
 one band (LOG2_BAND = 30) the pointer never moves.
 
-``FAR_N`` (constexpr, the forward's): the far runs' key blocks, BLOCK_N or a multiple of it. A far tile is plain
-attention plus a row and a column vector, so its registers do not bound its width as the near band's loads bound
-the near tiles'; wider far blocks spread each step's fixed work (the accumulator's rescale, the row reductions,
-the loop's own) over more keys (`_fwd_keys`; `triton_backend.FORWARD_FAR_KEYS`).
+``FAR_N`` (constexpr, the forward's and dQ's): the far runs' key blocks, BLOCK_N or a multiple of it. A far tile
+is plain attention plus a row and a column vector, so its registers do not bound its width as the near band's
+loads bound the near tiles'; wider far blocks spread each step's fixed work (the accumulator's rescale, the row
+reductions, the loop's own) over more keys (`_wide_and_narrow`, `_fwd_keys`, `_dq_keys`;
+`triton_backend.FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`).
 
 Layout: Q, K, V (B, H, N, d) are read, and OUT, DO, DQ, DK, DV read or written, through strides, so the (B, N, H, d)
 layout the projections produce (viewed as (B, H, N, d)) needs no copy on the way in, and the output lands in the
@@ -773,6 +774,24 @@ def _key_block(
 
 
 @triton.jit
+def _wide_and_narrow(start, end, BLOCK_N: tl.constexpr, FAR_N: tl.constexpr, KIND: tl.constexpr):
+    """A far run ``[start, end)`` of a query-block program's loop (forward, dQ) as blocks of FAR_N keys over
+    ``[wide_lo, wide_hi)`` and blocks of BLOCK_N over ``[narrow_lo, narrow_hi)`` (fewer than FAR_N keys): the
+    far-right run wide from its start (a multiple of FAR_N: the program's ``lo``), narrow up to the near run;
+    the far-left run narrow up to its first multiple of FAR_N, wide from there, its last wide block possibly
+    past ``end`` (keys there are hidden: past the sequence, masked, or hidden per pair; FAR's rows are padded
+    to a multiple of FAR_N). Every block starts on a multiple of its width, as `_key_block` tells the compiler."""
+    tl.static_assert(FAR_N % BLOCK_N == 0, "a wide far block is a whole number of key blocks")
+    if KIND == _FAR_RIGHT:
+        mid = start + (end - start) // FAR_N * FAR_N
+        wide_lo, wide_hi, narrow_lo, narrow_hi = start, mid, mid, end
+    else:
+        mid = tl.minimum(tl.cdiv(start, FAR_N) * FAR_N, end)
+        wide_lo, wide_hi, narrow_lo, narrow_hi = mid, end, start, mid
+    return wide_lo, wide_hi, narrow_lo, narrow_hi
+
+
+@triton.jit
 def _fwd_blocks(
     acc, m_i, l_i, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r, log2_scale, PQ, PK,
@@ -818,23 +837,13 @@ def _fwd_keys(
     WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr,
 ):  # fmt: skip
     """The forward's online softmax over the key blocks from ``start`` to ``end`` (tiles of one KIND). Far runs
-    take blocks of FAR_N keys where FAR_N > BLOCK_N (`triton_backend.FORWARD_FAR_KEYS`): those of the far-right
-    run from its start, a multiple of FAR_N (the caller's ``lo``), those of the far-left run from its first
-    multiple of FAR_N, the rest of each run in blocks of BLOCK_N (fewer than FAR_N keys). A far tile costs what
-    plain attention costs, and wide ones spread each step's fixed work (the online softmax's rescale of the
-    accumulator, the row reductions, the loop's own) over more keys; near tiles keep BLOCK_N, which the near
-    band's loads and registers set. The far-left run's last wide block may pass ``end``: keys there are hidden
-    (past the sequence, masked, or hidden per pair), and FAR's rows are padded to a multiple of FAR_N."""
-    tl.static_assert(FAR_N % BLOCK_N == 0, "a wide far block is a whole number of key blocks")
-    wide = FAR_N != BLOCK_N and (KIND == _FAR_RIGHT or KIND == _FAR_LEFT)
+    take blocks of FAR_N keys where FAR_N > BLOCK_N (`triton_backend.FORWARD_FAR_KEYS`), split by
+    `_wide_and_narrow`. A far tile costs what plain attention costs, and wide ones spread each step's fixed work
+    (the online softmax's rescale of the accumulator, the row reductions, the loop's own) over more keys; near
+    tiles keep BLOCK_N, which the near band's loads and registers set."""
     narrow_lo, narrow_hi = start, end
-    if wide:
-        if KIND == _FAR_RIGHT:  # wide blocks over [start, mid), narrow ones over the rest
-            mid = start + (end - start) // FAR_N * FAR_N
-            wide_lo, wide_hi, narrow_lo = start, mid, mid
-        else:  # narrow blocks up to the first multiple of FAR_N, wide ones from there
-            mid = tl.minimum(tl.cdiv(start, FAR_N) * FAR_N, end)
-            wide_lo, wide_hi, narrow_hi = mid, end, mid
+    if FAR_N != BLOCK_N and (KIND == _FAR_RIGHT or KIND == _FAR_LEFT):
+        wide_lo, wide_hi, narrow_lo, narrow_hi = _wide_and_narrow(start, end, BLOCK_N, FAR_N, KIND)
         acc, m_i, l_i = _fwd_blocks(
             acc, m_i, l_i, wide_lo, wide_hi, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in,
             start_m, offs_d, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, NK, R, SAT, SKN, end_l, end_r,
@@ -981,7 +990,7 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _dq_keys(
+def _dq_blocks(
     dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
     do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
     log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
@@ -990,8 +999,9 @@ def _dq_keys(
     SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr, WT: tl.constexpr, DROPOUT: tl.constexpr,
     KIND: tl.constexpr, GRAD_BANDS: tl.constexpr,
 ):  # fmt: skip
-    """dQ's content part and the rows' table gradients over the key blocks from ``start`` to ``end`` (tiles of
-    one KIND). ``gsat``, ``goff``: the rows' gradient cells (`_grad_rows`)."""
+    """dQ's content part and the rows' table gradients over the key blocks of BLOCK_N keys from ``start`` (a
+    multiple of BLOCK_N) to ``end`` (tiles of one KIND). ``gsat``, ``goff``: the rows' gradient cells
+    (`_grad_rows`)."""
     for start_n in range(start, end, BLOCK_N):
         k, v, s, allowed, kpos, far_left, far_right = _key_block(
             start_n, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
@@ -1010,6 +1020,42 @@ def _dq_keys(
                 DQ_DIST, offs_m, m_in, ds, allowed, qpos, kpos, far_left, far_right, far_l, far_r, gsat, goff,
                 DW, 1, IJ, KIND, GRAD_BANDS,
             )  # fmt: skip
+    return dq, far_l, far_r
+
+
+@triton.jit
+def _dq_keys(
+    dq, far_l, far_r, start, end, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in, start_m, offs_d,
+    do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
+    log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAR_N: tl.constexpr, HAS_ROW: tl.constexpr,
+    HAS_COL: tl.constexpr, HAS_SEG: tl.constexpr, HAS_KMASK: tl.constexpr, CAUSAL: tl.constexpr,
+    PREC: tl.constexpr, IJ: tl.constexpr, SKEW: tl.constexpr, DIST: tl.constexpr, HEAD_DIM: tl.constexpr,
+    WT: tl.constexpr, DROPOUT: tl.constexpr, KIND: tl.constexpr, GRAD_BANDS: tl.constexpr,
+):  # fmt: skip
+    """`_dq_blocks` over the key blocks from ``start`` to ``end`` (tiles of one KIND), far runs in blocks of
+    FAR_N keys where FAR_N > BLOCK_N (`triton_backend.DQ_FAR_KEYS`; split as the forward's, `_wide_and_narrow`).
+    A far tile of dQ is plain attention's backward plus a row sum of dS (`_table_grad`): wide ones spread a
+    step's fixed work (the loop's own, the K and V pointers, the row sums' reductions) over more keys."""
+    narrow_lo, narrow_hi = start, end
+    if FAR_N != BLOCK_N and (KIND == _FAR_RIGHT or KIND == _FAR_LEFT):
+        wide_lo, wide_hi, narrow_lo, narrow_hi = _wide_and_narrow(start, end, BLOCK_N, FAR_N, KIND)
+        dq, far_l, far_r = _dq_blocks(
+            dq, far_l, far_r, wide_lo, wide_hi, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in,
+            start_m, offs_d, do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R,
+            SAT, DW, SKN, end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
+            gsat, goff,
+            BLOCK_M, FAR_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+            DROPOUT, KIND, GRAD_BANDS,
+        )  # fmt: skip
+    dq, far_l, far_r = _dq_blocks(
+        dq, far_l, far_r, narrow_lo, narrow_hi, q, qpos, qpos_min, qpos_max, qseg, row_l, row_r, offs_m, m_in,
+        start_m, offs_d, do, lse, dlt, K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R,
+        SAT, DW, SKN, end_l, end_r, log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale,
+        gsat, goff,
+        BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
+        DROPOUT, KIND, GRAD_BANDS,
+    )  # fmt: skip
     return dq, far_l, far_r
 
 
@@ -1072,6 +1118,7 @@ def _dq_kernel(
     WT: tl.constexpr,
     FAR_TILES: tl.constexpr,
     GRAD_BANDS: tl.constexpr,
+    FAR_N: tl.constexpr,
 ):
     """One program per query block: DELTA (dO·O per row), dQ (content part) and, if ROW is used, dS stored into
     DQ_DIST."""
@@ -1121,7 +1168,7 @@ def _dq_kernel(
     tl.store(DELTA + offs_m, dlt, mask=m_in)
     lo = tl.min(tl.load(KV_LO + offs_m, mask=m_in, other=_BIG), 0)
     hi = tl.max(tl.load(KV_HI + offs_m, mask=m_in, other=0), 0)
-    lo = (lo // BLOCK_N) * BLOCK_N
+    lo = (lo // FAR_N) * FAR_N  # as the forward's (`_wide_and_narrow`)
     if HAS_ROW and IJ:
         # before the loop (its cells are disjoint from the loop's): after it, lo and hi would stay live through
         # the loop, registers the skewed kernels are short of (the skewed dK/dV at head dim 128 spilled)
@@ -1149,8 +1196,8 @@ def _dq_kernel(
             offs_m, m_in, start_m, offs_d, do, lse, dlt,
             K, V, ROW, COL, FARL, FARR, LUT, KPOS, KSEG, KMASK, DQ_DIST, NK, R, SAT, DW, SKN, end_l, end_r,
             log2_scale, PQ, PK, LOG2_BAND, col_step, seed, bh, DROP_T, drop_scale, gsat, goff,
-            BLOCK_M, BLOCK_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM, WT,
-            DROPOUT, kinds[run], GRAD_BANDS,
+            BLOCK_M, BLOCK_N, FAR_N, HAS_ROW, HAS_COL, HAS_SEG, HAS_KMASK, CAUSAL, PREC, IJ, SKEW, DIST, HEAD_DIM,
+            WT, DROPOUT, kinds[run], GRAD_BANDS,
         )  # fmt: skip
     tl.store(DQ + q_ptrs, dq * scale, mask=m_in[:, None])
     if HAS_ROW:

@@ -104,8 +104,9 @@ def _default_road(flags: dict) -> bool:
     aligned = B.GRADIENT_STORES == "aligned"
     cut = B.FORWARD_REACH == "saturation"  # the forward's tables cut to the saturation (``EDGES``)
     default = flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
-    # and its far tiles in blocks of `FORWARD_FAR_KEYS` (``FAR_N``)
-    return default and flags["EDGES"] == cut and flags.get("FAR_N") == B.FORWARD_FAR_KEYS
+    # and its far tiles in blocks of `FORWARD_FAR_KEYS` (``FAR_N``; dQ's, `DQ_FAR_KEYS`, from the same variants)
+    far_n = flags.get("FAR_N")
+    return default and flags["EDGES"] == cut and (far_n == B.FORWARD_FAR_KEYS or far_n == B.DQ_FAR_KEYS)
 
 
 def configured(capability: int, everything: bool = True):
@@ -138,8 +139,9 @@ def _variants(flags: dict):
     # (`FORWARD_REACH`; the backward kernels take no such flag: `_buildable`, and `main` builds each
     # configuration once)
     yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=True)
-    # the forward's far tiles in blocks of 64 keys, and of 128 without packed rows, where the backend takes them
-    # (`FORWARD_FAR_KEYS`, ``FAR_N``, as `_far_keys` gives it), its tables whole and cut
+    # the forward's and dQ's far tiles in blocks of 64 keys, and of 128 without packed rows, where the backend
+    # takes them (`FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`, ``FAR_N``, as `_far_keys` gives it per kernel), the forward's
+    # tables whole and cut
     for edges in (False, True):
         yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=edges, FAR_N=64)
         yield dict(flags, DIST=True, GRAD_BANDS=True, EDGES=edges, FAR_N=128, HAS_SEG=False)
@@ -187,13 +189,14 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
 
 
 def _far_keys(flags: dict, head_dim: int, kernel: str, block_n: int) -> dict:
-    """``flags`` (`_buildable`'s) with the forward's FAR_N as the backend takes it (`triton_backend._far_keys`),
-    or without it for the other kernels and where the backend takes none wider than the tiles' ``block_n``."""
-    if "FAR_N" not in flags:
-        return flags
+    """``flags`` (`_buildable`'s) with the forward's or dQ's FAR_N as the backend takes it
+    (`triton_backend._far_keys`), or without it for dK/dV and where the backend takes none wider than the tiles'
+    ``block_n``."""
+    if "FAR_N" not in flags or kernel not in ("_fwd_kernel", "_dq_kernel"):
+        return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     split = flags["DIST"] and flags["FAR_TILES"]  # (the distance road: `_buildable` clears DIST elsewhere)
-    wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"])
-    if wide == block_n or kernel != "_fwd_kernel":
+    wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"], kernel)
+    if wide == block_n:
         return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
     return dict(flags, FAR_N=wide)
 
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # the checks below are of the configured tiles' code an H100 runs
             if c is not None and c.stack_bytes:
                 # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
-                # (not the forward's wide far blocks, untimed: `triton_backend.FORWARD_FAR_KEYS`)
+                # (not the wide far blocks, untimed: `triton_backend.FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`)
                 timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
                 timed = timed and "FAR_N" not in flags
                 (timed_spills if timed else spills).append(f"{name} d{head_dim} {tiles} {flags}: {c}")
@@ -272,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own,
             # or is one near run where no far tile may occur
-            # (five in a forward whose far runs take wide blocks: each far run's wide and narrow blocks)
+            # (five in a forward or dQ whose far runs take wide blocks: each far run's wide and narrow blocks)
             runs = (5 if "FAR_N" in flags else 3) if flags["FAR_TILES"] else 1
             if c is not None and flags["IJ"] and len(c.tile_loops) != runs:
                 uncut.append(

@@ -525,15 +525,21 @@ def test_forward_wide_far_blocks_start_on_multiples_of_their_width(monkeypatch):
         out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
     want, _ = eager_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
     torch.testing.assert_close(out, want)
+    starts = _wide_key_block_starts(loads, "_fwd_kernel", k, c)
+    assert starts and all(n % 64 == 0 for n in starts), sorted(set(starts))
+
+
+def _wide_key_block_starts(loads, kernel: str, k: torch.Tensor, c: Case) -> list[int]:
+    """The first key of every block of 64 K rows ``kernel`` loaded from ``k`` (`record_run`'s loads, in
+    `_key_block`), as a key index of its sequence."""
     start, itemsize = k.data_ptr(), k.element_size()
-    starts = [
+    return [
         (addresses[0, 0] - start) // itemsize // c.dim % c.n
-        for (kernel, fn, _), calls in loads.items()
-        if kernel == "_fwd_kernel" and fn == "_key_block"
+        for (name, fn, _), calls in loads.items()
+        if name == kernel and fn == "_key_block"
         for addresses, _, _ in calls
         if addresses.shape[0] == 64 and start <= addresses[0, 0] < start + k.untyped_storage().nbytes()
     ]
-    assert starts and all(n % 64 == 0 for n in starts), sorted(set(starts))
 
 
 @pytest.mark.parametrize("road", ["distance", "tables", "skew"])
@@ -567,28 +573,43 @@ def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, 
     assert launches["_fwd_kernel"][1]["FAR_N"] == 64 and launches["_fwd_kernel"][1]["DROPOUT"]
 
 
-@pytest.mark.parametrize("name", ["n7", "packed_short_sequences", "explicit_positions", "packed_d128"])
-def test_forward_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, name):
-    """No wide block where the forward's loop has no far runs: no far tile (a short input, a row of short
-    sequences) or positions other than i - j (one run of tiles of any kind); nor at head dim 128 with packed
-    rows, where the wide forward spills registers (`_far_keys`)."""
+# (setting, kernel, case): where a kernel takes no wide blocks (`_far_keys`)
+NARROW_FAR_CASES = [
+    *(
+        ("FORWARD_FAR_KEYS", "_fwd_kernel", name)
+        for name in ("n7", "packed_short_sequences", "explicit_positions")
+    ),
+    ("FORWARD_FAR_KEYS", "_fwd_kernel", "packed_d128"),
+    *(("DQ_FAR_KEYS", "_dq_kernel", name) for name in ("n7", "packed", "explicit_positions")),
+]
+
+
+@pytest.mark.parametrize("setting, kernel, name", NARROW_FAR_CASES)
+def test_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, setting, kernel, name):
+    """No wide block where a kernel's loop has no far runs: no far tile (a short input, a row of short
+    sequences) or positions other than i - j (one run of tiles of any kind); nor, in the forward, at head dim
+    128 with packed rows, where it spills registers, nor in dQ with packed rows, where it saves no instruction
+    a score for many more registers (`_far_keys`)."""
     from debertakit.attention.triton_access import record_run
 
     cases = {**GRID, "packed_d128": Case(n=70, dim=128, cu_seqlens=(0, 5, 38, 40, 66))}
-    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    monkeypatch.setattr(triton_backend, setting, 64)
     with record_run("triton_kernels.py") as (_, launches):
         _compare(cases[name], torch.float32, DEVICE)
-    assert launches["_fwd_kernel"][1]["FAR_N"] == launches["_fwd_kernel"][1]["BLOCK_N"]
+    assert launches[kernel][1]["FAR_N"] == launches[kernel][1]["BLOCK_N"]
 
 
+@pytest.mark.parametrize(
+    "setting, kernel", [("FORWARD_FAR_KEYS", "_fwd_kernel"), ("DQ_FAR_KEYS", "_dq_kernel")]
+)
 @pytest.mark.parametrize("value", [48, 256, 0, "64", True])
-def test_forward_far_keys_setting_is_checked(monkeypatch, value):
-    """A `FORWARD_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, at the forward's launch
-    (a call raises it too)."""
-    with pytest.raises(ValueError, match=f"FORWARD_FAR_KEYS .* got {value!r}"):
-        triton_backend._far_keys(value, 16, True, 64, False, False)
-    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", value)
-    with pytest.raises(ValueError, match="FORWARD_FAR_KEYS"):
+def test_far_keys_setting_is_checked(monkeypatch, setting, kernel, value):
+    """A `FORWARD_FAR_KEYS` / `DQ_FAR_KEYS` that is no power of two dividing FAR_PAD: an error naming it, at
+    the kernel's launch (a call raises it too)."""
+    with pytest.raises(ValueError, match=f"{setting} .* got {value!r}"):
+        triton_backend._far_keys(value, 16, True, 64, False, False, kernel)
+    monkeypatch.setattr(triton_backend, setting, value)
+    with pytest.raises(ValueError, match=setting):
         _compare(GRID["n7"], torch.float32, DEVICE)
 
 
@@ -606,6 +627,113 @@ def test_forward_far_keys_no_narrower_than_the_tiles():
     ]  # fmt: skip
     for *args, want in cases:
         assert triton_backend._far_keys(*args) == want, args
+
+
+DQ_WIDE_CASES = [name for name in FORWARD_REACH_CASES if name != "packed"] + ["n150_padded"]
+
+
+@pytest.mark.parametrize(
+    "name, dtype, far_keys",
+    [(name, "float32", keys) for name in DQ_WIDE_CASES for keys in (32, 64)]
+    + [("n150_padded", "float32", 128), ("n150_left_padded", "float32", 64), ("n150_padded", "bfloat16", 64)],
+)
+def test_dq_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_keys):
+    """`DQ_FAR_KEYS`: dQ's far runs in blocks of 32 or 64 keys, split as the forward's (a narrow rest before the
+    far-left run's first wide block and after the far-right run's last; the far-left run's last wide block
+    passing the keys' end; keys masked from the start: the programs' first visible key floored to the wide
+    block), the near run in blocks of 16: output and every gradient match eager (dQ, and the position tables'
+    gradients through its row sums), and dQ's launch was told the wide blocks (128 keys taken as 64:
+    `_far_keys`)."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", far_keys)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE, _wide_far_geometry(name))
+    assert launches["_dq_kernel"][1]["FAR_N"] == min(far_keys, 64)
+    assert launches["_dq_kernel"][1]["BLOCK_N"] == 16
+    assert launches["_fwd_kernel"][1]["FAR_N"] == 16  # (the forward's own setting: None)
+
+
+@pytest.mark.parametrize("stores", ["cells", "one band"])
+def test_dq_far_tiles_in_wide_blocks_with_the_other_gradient_layouts_match_eager(monkeypatch, stores):
+    """dQ's wide far blocks with its gradients stored by cell (`GRADIENT_STORES` "cells": saturated pairs of a
+    near tile summed, the rows 2·sat + 1 cells) and in one band at the aligned stride (`GRADIENT_BANDS` off):
+    every cell its far runs leave is zeroed or summed as with narrow blocks, and the call matches eager."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 64)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    if stores == "cells":
+        monkeypatch.setattr(triton_backend, "GRADIENT_STORES", "cells")
+    else:
+        monkeypatch.setattr(triton_backend, "GRADIENT_BANDS", False)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(
+            WIDE_FAR_CASES["n150_left_padded"], torch.float32, DEVICE, _wide_far_geometry("n150_left_padded")
+        )
+    assert launches["_dq_kernel"][1]["FAR_N"] == 64
+    assert launches["_dq_kernel"][1]["GRAD_BANDS"] == (stores != "cells")
+
+
+def test_forward_and_dq_far_tiles_in_wide_blocks_together_match_eager(monkeypatch):
+    """Both settings at once (the benchmark's row "triton (forward and dQ far tiles of 64 keys)"): each kernel
+    takes its own, and the call matches eager."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 32)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE)
+    assert (launches["_fwd_kernel"][1]["FAR_N"], launches["_dq_kernel"][1]["FAR_N"]) == (64, 32)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's loads")
+def test_dq_wide_far_blocks_start_on_multiples_of_their_width(monkeypatch):
+    """As the forward's (`test_forward_wide_far_blocks_start_on_multiples_of_their_width`): the K blocks of 64
+    keys dQ loads start on multiples of 64 where the rows' first visible keys do not (keys masked from the
+    start, 40 and 77 of 150), and dQ matches eager's."""
+    from debertakit.attention.triton_access import record_run
+
+    c = WIDE_FAR_CASES["n150_left_padded"]
+    geom, (q, k, v, pos_q, pos_k) = _wide_far_geometry("n150_left_padded"), _inputs(c, torch.float32, DEVICE)
+    q.requires_grad_(True)
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 64)
+    scale = scale_for(c.dim, 1 + sum(c.terms))
+    with record_run("triton_kernels.py") as (loads, _):
+        out, _ = triton_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
+        (got,) = torch.autograd.grad(out.square().sum(), q)
+    ref, _ = eager_attention(q, k, v, pos_q, pos_k, c.rel, geom, scale=scale, terms=c.terms)
+    (want,) = torch.autograd.grad(ref.square().sum(), q)
+    torch.testing.assert_close(got, want)
+    starts = _wide_key_block_starts(loads, "_dq_kernel", k, c)
+    assert starts and all(n % 64 == 0 for n in starts), sorted(set(starts))
+
+
+@pytest.mark.parametrize("far_keys", [64, 128])
+def test_dq_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, far_keys):
+    """dQ's wide far blocks redraw the mask the forward's narrow ones drew (a function of the pair, not of the
+    tile): output and gradients equal eager's with the kernels' mask. With dropout dQ takes 32 keys
+    (`_far_keys`)."""
+    from debertakit.attention.triton_access import record_run
+
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", far_keys)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare_with_dropout(monkeypatch, WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE, 0.3)
+    assert launches["_dq_kernel"][1]["FAR_N"] == 32 and launches["_dq_kernel"][1]["DROPOUT"]
+
+
+def test_dq_far_keys_as_compiled_without_spills():
+    """dQ's FAR_N: 64 at most at head dims up to 64 without dropout, 32 at 128 or with dropout, none with
+    segments or at 128 with dropout, none where the loop is not split, no less than the tiles' block."""
+    cases = [  # value, block_n, split, head_dim, segments, dropout -> FAR_N
+        (128, 32, True, 64, False, False, 64), (64, 32, True, 64, False, False, 64),
+        (32, 32, True, 64, False, False, 32), (None, 32, True, 64, False, False, 32),
+        (64, 32, False, 64, False, False, 32), (64, 32, True, 64, True, False, 32),
+        (64, 16, True, 128, False, False, 32), (64, 16, True, 64, False, True, 32),
+        (64, 16, True, 128, False, True, 16), (16, 16, True, 128, False, False, 16),
+    ]  # fmt: skip
+    for *args, want in cases:
+        assert triton_backend._far_keys(*args, "_dq_kernel") == want, args
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
@@ -2618,16 +2746,35 @@ def test_static_report_costs_a_tile_per_thread_and_per_score():
         row("_fwd_kernel", "64x64 w8 s2", "v3", [500, 1000, 520]),
         row("_fwd_kernel", "32x32 w4 s2", "v3", [1, 2, 3]),  # not the chosen tile
         row("_dq_kernel", "64x32 w8 s2", "v3", [384, 768, 384]),
+        # dQ's far runs in blocks of 64 keys: each far run's wide loop over 64 keys, its narrow one over 32
+        row("_dq_kernel", "64x32 w8 s2", "v3+dist+far64", [512, 384, 768, 512, 384]),
     ]
     chosen = {("_fwd_kernel", 64, "inference"): "64x64 w8 s2", ("_dq_kernel", 64, "inference"): "64x32 w8 s2"}
     lines = static.tile_costs(rows, chosen).splitlines()
-    assert len(lines) == 2 + 3
+    assert len(lines) == 2 + 4
+    assert "| v3+dist+far64 | 512 · 384 · 768 · 512 · 384 | 32.0 · 48.0 · 96.0 · 32.0 · 48.0 |  |" in lines[3]
     # 256 threads over 4096 scores; the far loop after the block costs more: 520 / 400
-    assert "| plain | 400 | 25.0 |  |" in lines[3]
-    assert "| v3 | 500 · 1000 · 520 | 31.2 · 62.5 · 32.5 | 1.30 |" in lines[4]
+    assert "| plain | 400 | 25.0 |  |" in lines[4]
+    assert "| v3 | 500 · 1000 · 520 | 31.2 · 62.5 · 32.5 | 1.30 |" in lines[5]
     assert (
         "| _dq_kernel | 64 | 64x32 w8 s2 | 3.9.0 | v3 | 384 · 768 · 384 | 48.0 · 96.0 · 48.0 |  |" in lines[2]
     )
+
+
+def test_static_report_compiles_the_wide_far_sets_for_the_kernels_that_take_them():
+    """`triton_static.compiled_for`: the forward's wide far sets for the forward, dQ's (64 keys; 32 with
+    dropout) for dQ, ``v3+dist+far64`` for both, none for dK/dV; the forward's own sets (plain attention, the
+    tables cut) for it alone; every other set for all three."""
+    static = _benchmark_module("triton_static")
+
+    def kernels(feature):
+        return {k for k in ("_fwd_kernel", "_dq_kernel", "_dkv_kernel") if static.compiled_for(feature, k)}
+
+    assert kernels("v3+dist+far64") == {"_fwd_kernel", "_dq_kernel"}
+    assert kernels("v3+dist+dropout+far32") == {"_dq_kernel"}
+    assert kernels("packed+dist+far64") == kernels("plain") == kernels("v3+dist+edges") == {"_fwd_kernel"}
+    assert kernels("v3+dist") == kernels("short+dist+dropout") == {"_fwd_kernel", "_dq_kernel", "_dkv_kernel"}
+    assert static.FEATURES["v3+dist+dropout+far32"]["FAR_N"] == 32
 
 
 @pytest.mark.long
@@ -2934,6 +3081,18 @@ def test_forward_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case, far
     _compare(case, torch.bfloat16, "cuda")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_FAR_CASES.values(), ids=GPU_FAR_CASES.keys())
+def test_dq_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case):
+    """`DQ_FAR_KEYS` = 64 at real sizes (bfloat16, the GPU's tiles: 64 keys at head dim 64, 32 at 128; none with
+    packed rows), with the forward's too: within the grid's tolerance of eager, with and without dropout."""
+    monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 64)
+    _compare(case, torch.bfloat16, "cuda")
+    _compare_with_dropout(monkeypatch, case, torch.bfloat16, "cuda", 0.1)
+    monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
+    _compare(case, torch.bfloat16, "cuda")
+
+
 GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None]
 
 
@@ -3157,6 +3316,20 @@ def test_gpu_benchmark_far_keys_rows_widen_the_forward_far_tiles(monkeypatch, ke
     want = (64, "saturation") if keys == "reach" else (keys, "tiles")
     assert settings and set(settings) == {want}, settings
     assert (triton_backend.FORWARD_FAR_KEYS, triton_backend.FORWARD_REACH) == (None, "tiles")
+
+
+def test_gpu_benchmark_wide_far_row_widens_the_forward_and_dq_far_tiles(monkeypatch):
+    """The row `triton (forward and dQ far tiles of 64 keys)` makes its calls with `FORWARD_FAR_KEYS` and
+    `DQ_FAR_KEYS` both 64 (its forward+backward asks for dQ's too), both restored after."""
+    bench = _benchmark_module()
+    settings = _seen_in_a_rows_call(
+        monkeypatch,
+        bench.WIDE_FAR_ROW,
+        "_far_keys",
+        lambda: (triton_backend.FORWARD_FAR_KEYS, triton_backend.DQ_FAR_KEYS),
+    )
+    assert settings and set(settings) == {(64, 64)}, settings
+    assert (triton_backend.FORWARD_FAR_KEYS, triton_backend.DQ_FAR_KEYS) == (None, None)
 
 
 def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
