@@ -603,8 +603,9 @@ FORWARD_REACH_ROW = "triton (forward tables to the saturation)"
 # tables cut to the saturation as well, the two forward-only changes together
 FAR_KEYS_ROWS = {keys: f"triton (forward far tiles of {keys} keys)" for keys in (64, 128)}
 FAR_KEYS_REACH_ROW = "triton (forward far tiles of 64 keys, tables to the saturation)"
-# ... and dQ's far tiles in blocks of 64 keys too (`triton_backend.DQ_FAR_KEYS`; 32 at head dim 128): its
-# forward the row above's, its backward's difference from that row's dQ's (Triton 3.6, sm_90, head dim 64: 12.6
+# `triton` with the forward's and dQ's far tiles in blocks of 64 keys (`triton_backend.DQ_FAR_KEYS`; dQ takes 32
+# at head dim 128 or with dropout): its forward `FAR_KEYS_ROWS[64]`'s, its backward's difference from that row's
+# dQ's (Triton 3.6, sm_90, head dim 64: 12.6
 # instructions a far score against 14.8, at 224 registers against 139, three programs an SM to two)
 WIDE_FAR_ROW = "triton (forward and dQ far tiles of 64 keys)"
 # `triton` with one `Geometry` for all its calls: the other rows give each call a new one, whose inputs (position

@@ -111,7 +111,8 @@ _SHORT_SETS = {
 _EDGE_SETS = {
     f"{name}+edges": dict(f, EDGES=True) for name, f in {**_DIST_SETS, **_DIST_DROPOUT_SETS}.items()
 }
-# the forward's far runs in blocks of 64 keys (``FAR_N``: `triton_backend.FORWARD_FAR_KEYS`), on the distance
+# the forward's far runs in blocks of 64 keys (``FAR_N``: `triton_backend.FORWARD_FAR_KEYS`; ``v3+dist+far64``
+# dQ's too, `_DQ_FAR_SETS`), on the distance
 # road, with its tables cut to the saturation, and with dropout; shown, not configured
 _FAR_SETS = {
     f"{name}+far64": dict(f, FAR_N=64)

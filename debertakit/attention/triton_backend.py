@@ -347,7 +347,10 @@ def _far_keys(
     ``dropout`` or ``segments``, else 64; dQ: none with ``segments`` or at a head dim above 64 with
     ``dropout``, 64 at head dims up to 64 without ``dropout``, else 32), no less than ``block_n``; else
     ``block_n``."""
-    setting = "FORWARD_FAR_KEYS" if kernel == "_fwd_kernel" else "DQ_FAR_KEYS"
+    settings = {"_fwd_kernel": "FORWARD_FAR_KEYS", "_dq_kernel": "DQ_FAR_KEYS"}
+    if kernel not in settings:
+        raise ValueError(f"wide far blocks are the forward's and dQ's, not {kernel!r}'s")
+    setting = settings[kernel]
     if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
         raise ValueError(
             f"triton_backend.{setting} must be None or a power of two dividing FAR_PAD ({FAR_PAD}), got {wide!r}"

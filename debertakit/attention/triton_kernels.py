@@ -755,7 +755,8 @@ def _key_block(
 ):  # fmt: skip
     """For the query-block programs (forward, dQ): the K and V rows of the key block from ``start_n`` and the
     tile's scores, visibility, key positions and far sides (`_tile`). ``col_step``: COL's `_band_step`."""
-    # start_n is a multiple of BLOCK_N: every run of a loop starts at one or is empty (`_runs`). Said to Triton,
+    # start_n is a multiple of BLOCK_N: every run of a loop starts at one or is empty (`_runs`; a wide far
+    # block's BLOCK_N is FAR_N: `_wide_and_narrow`, from a start floored to FAR_N). Said to Triton,
     # the near band's ROW tiles (`_distance_terms`) and the far tiles' FAR rows load as aligned vectors
     offs_n = tl.max_contiguous(tl.multiple_of(start_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
     n_in = offs_n < NK
@@ -777,7 +778,8 @@ def _key_block(
 def _wide_and_narrow(start, end, BLOCK_N: tl.constexpr, FAR_N: tl.constexpr, KIND: tl.constexpr):
     """A far run ``[start, end)`` of a query-block program's loop (forward, dQ) as blocks of FAR_N keys over
     ``[wide_lo, wide_hi)`` and blocks of BLOCK_N over ``[narrow_lo, narrow_hi)`` (fewer than FAR_N keys): the
-    far-right run wide from its start (a multiple of FAR_N: the program's ``lo``), narrow up to the near run;
+    far-right run wide from its start (a multiple of FAR_N: the program's ``lo``), narrow up to its end (the near
+    run's start, or the loop's end, which its last narrow block may pass);
     the far-left run narrow up to its first multiple of FAR_N, wide from there, its last wide block possibly
     past ``end`` (keys there are hidden: past the sequence, masked, or hidden per pair; FAR's rows are padded
     to a multiple of FAR_N). Every block starts on a multiple of its width, as `_key_block` tells the compiler."""

@@ -104,9 +104,10 @@ def _default_road(flags: dict) -> bool:
     aligned = B.GRADIENT_STORES == "aligned"
     cut = B.FORWARD_REACH == "saturation"  # the forward's tables cut to the saturation (``EDGES``)
     default = flags["IJ"] and flags["DIST"] and flags["GRAD_BANDS"] == aligned and not flags["SKEW"]
-    # and its far tiles in blocks of `FORWARD_FAR_KEYS` (``FAR_N``; dQ's, `DQ_FAR_KEYS`, from the same variants)
-    far_n = flags.get("FAR_N")
-    return default and flags["EDGES"] == cut and (far_n == B.FORWARD_FAR_KEYS or far_n == B.DQ_FAR_KEYS)
+    # and, where a kernel takes wide far blocks (`FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`), the variants with them: which
+    # one each kernel runs is decided per kernel (`_runs_by_default`)
+    wide = B.FORWARD_FAR_KEYS is not None or B.DQ_FAR_KEYS is not None
+    return default and flags["EDGES"] == cut and ("FAR_N" not in flags or wide)
 
 
 def configured(capability: int, everything: bool = True):
@@ -201,6 +202,41 @@ def _far_keys(flags: dict, head_dim: int, kernel: str, block_n: int) -> dict:
     return dict(flags, FAR_N=wide)
 
 
+FAR_KEY_SETTINGS = {"_fwd_kernel": "FORWARD_FAR_KEYS", "_dq_kernel": "DQ_FAR_KEYS"}
+
+
+def _runs_by_default(flags: dict, head_dim: int, kernel: str, block_n: int) -> bool:
+    """Whether ``kernel`` built with ``flags`` (`_far_keys`'s) takes the far blocks the backend gives it under its
+    own setting (`FAR_KEY_SETTINGS`): the forward and dQ share the wide variants, each resolving them its own
+    way, so a default-road variant may hold far blocks one kernel runs and the other does not."""
+    if kernel not in FAR_KEY_SETTINGS:
+        return True
+    split = flags["DIST"] and flags["FAR_TILES"]
+    setting = getattr(B, FAR_KEY_SETTINGS[kernel])
+    runs = B._far_keys(setting, block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"], kernel)
+    return flags.get("FAR_N", block_n) == runs
+
+
+def builds(kernels: tuple[str, ...], everything: bool):
+    """(dtype, head dim, kernel, tiles, flags, capability, configured) of every distinct build: each
+    `configurations` entry for each kernel, its flags as the backend takes them (`_buildable`, `_far_keys`);
+    beyond RELEASED_HEAD_DIM in the default run, only the wide far blocks each kernel runs (`_runs_by_default`)."""
+    built = set()
+    for dtype, head_dim, every, capability, check in configurations(everything):
+        for name in kernels:
+            flags = _buildable(every, head_dim, name)
+            tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
+            flags = _far_keys(flags, head_dim, name, tiles.block_n)
+            if not everything and head_dim != RELEASED_HEAD_DIM:
+                if not _runs_by_default(flags, head_dim, name, tiles.block_n):
+                    continue
+            key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
+            if key in built:  # (a variant that differs only in a flag this kernel does not take)
+                continue
+            built.add(key)
+            yield dtype, head_dim, name, tiles, flags, capability, check
+
+
 def tensor_cores_from_sm80() -> list[str]:
     """The premise of `triton_backend.TRITON_TENSOR_CORES`: Triton compiles the forward kernel's products to
     tensor-core instructions for sm_80 and to none for sm_75 (float32 FMAs: the backend declines such GPUs).
@@ -238,49 +274,36 @@ def main(argv: list[str] | None = None) -> int:
     # which turns to off in 3.10
     warnings.filterwarnings("error", message=".*TRITON_DEFAULT_FP_FUSION")
     n, spills, unfetched, uncut, replicated, timed_spills, oversized = 0, [], [], [], [], [], []
-    built = set()
-    for dtype, head_dim, every, capability, check in configurations(args.all) if kernels else ():
-        for name in kernels:
-            flags = _buildable(every, head_dim, name)
-            tiles = tiles_for(torch.device("cuda"), head_dim, name, flags["DROPOUT"], flags["SKEW"])
-            flags = _far_keys(flags, head_dim, name, tiles.block_n)
-            key = (dtype, head_dim, name, tiles, tuple(sorted(flags.items())), capability, check)
-            if key in built:  # (a variant that differs only in a flag this kernel does not take)
-                continue
-            built.add(key)
-            c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
-            n += 1
-            if c is not None and c.shared_bytes > SHARED_LIMITS[capability]:
-                oversized.append(
-                    f"{name} d{head_dim} {tiles} {flags} on sm_{capability}: {c.shared_bytes} bytes of shared "
-                    f"memory, over the {SHARED_LIMITS[capability]} a block may use"
-                )
-            if capability != 90 or not check:
-                continue  # the checks below are of the configured tiles' code an H100 runs
-            if c is not None and c.stack_bytes:
-                # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
-                # (not the wide far blocks, untimed: `triton_backend.FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`)
-                timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
-                timed = timed and "FAR_N" not in flags
-                (timed_spills if timed else spills).append(f"{name} d{head_dim} {tiles} {flags}: {c}")
-            # warps that repeat others' products do the tile's work twice (`triton_aot.replication`): the static
-            # report prefers tiles without, and found them for every kernel, head dim and use
-            if c is not None and c.replication > 1:
-                replicated.append(f"{name} d{head_dim} {tiles} {flags}: computed {c.replication} times over")
-            # at distance i - j every loop visits one kind of tile (`triton_kernels._runs`): no load of the
-            # loops may sit in a branch, where the pipeliner would not prefetch it
-            if c is not None and flags["IJ"] and c.branch_loads:
-                unfetched.append(
-                    f"{name} d{head_dim} {tiles} {flags}: {c.branch_loads} loads inside branches"
-                )
-            # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own,
-            # or is one near run where no far tile may occur
-            # (five in a forward or dQ whose far runs take wide blocks: each far run's wide and narrow blocks)
-            runs = (5 if "FAR_N" in flags else 3) if flags["FAR_TILES"] else 1
-            if c is not None and flags["IJ"] and len(c.tile_loops) != runs:
-                uncut.append(
-                    f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not {runs}"
-                )
+    for dtype, head_dim, name, tiles, flags, capability, check in builds(kernels, args.all):
+        c = compile_kernel(getattr(K, name), dtype, head_dim, tiles, flags, capability, inspect=check)
+        n += 1
+        if c is not None and c.shared_bytes > SHARED_LIMITS[capability]:
+            oversized.append(
+                f"{name} d{head_dim} {tiles} {flags} on sm_{capability}: {c.shared_bytes} bytes of shared "
+                f"memory, over the {SHARED_LIMITS[capability]} a block may use"
+            )
+        if capability != 90 or not check:
+            continue  # the checks below are of the configured tiles' code an H100 runs
+        if c is not None and c.stack_bytes:
+            # tiles a GPU timed (`GPU_TIMED`, inference) were chosen for their time, spills and all
+            # (not the wide far blocks, untimed: `triton_backend.FORWARD_FAR_KEYS`, `DQ_FAR_KEYS`)
+            timed = not flags["DROPOUT"] and not flags["SKEW"] and name in GPU_TIMED.get(head_dim, ())
+            timed = timed and "FAR_N" not in flags
+            (timed_spills if timed else spills).append(f"{name} d{head_dim} {tiles} {flags}: {c}")
+        # warps that repeat others' products do the tile's work twice (`triton_aot.replication`): the static
+        # report prefers tiles without, and found them for every kernel, head dim and use
+        if c is not None and c.replication > 1:
+            replicated.append(f"{name} d{head_dim} {tiles} {flags}: computed {c.replication} times over")
+        # at distance i - j every loop visits one kind of tile (`triton_kernels._runs`): no load of the
+        # loops may sit in a branch, where the pipeliner would not prefetch it
+        if c is not None and flags["IJ"] and c.branch_loads:
+            unfetched.append(f"{name} d{head_dim} {tiles} {flags}: {c.branch_loads} loads inside branches")
+        # ... and the loop is cut into its three runs (far, near, far), each compiled as a loop of its own,
+        # or is one near run where no far tile may occur
+        # (five in a forward or dQ whose far runs take wide blocks: each far run's wide and narrow blocks)
+        runs = (5 if "FAR_N" in flags else 3) if flags["FAR_TILES"] else 1
+        if c is not None and flags["IJ"] and len(c.tile_loops) != runs:
+            uncut.append(f"{name} d{head_dim} {tiles} {flags}: loops over tiles {c.tile_loops}, not {runs}")
     # the distance tables' product (`triton_products`) at its tiles, every head dim and dtype it serves (16-bit:
     # `triton_backend._product_kernel_serves`)
     # both ways of storing the inner blocks (`triton_backend.PRODUCT_STORES`)

@@ -647,6 +647,7 @@ def test_dq_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_k
     from debertakit.attention.triton_access import record_run
 
     monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", far_keys)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)  # a cell left unwritten shows
     with record_run("triton_kernels.py") as (_, launches):
         _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE, _wide_far_geometry(name))
     assert launches["_dq_kernel"][1]["FAR_N"] == min(far_keys, 64)
@@ -654,19 +655,18 @@ def test_dq_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_k
     assert launches["_fwd_kernel"][1]["FAR_N"] == 16  # (the forward's own setting: None)
 
 
-@pytest.mark.parametrize("stores", ["cells", "one band"])
-def test_dq_far_tiles_in_wide_blocks_with_the_other_gradient_layouts_match_eager(monkeypatch, stores):
+@pytest.mark.parametrize("stores", ["cells", "aligned"])
+def test_dq_far_tiles_in_wide_blocks_with_both_gradient_layouts_match_eager(monkeypatch, stores):
     """dQ's wide far blocks with its gradients stored by cell (`GRADIENT_STORES` "cells": saturated pairs of a
-    near tile summed, the rows 2·sat + 1 cells) and in one band at the aligned stride (`GRADIENT_BANDS` off):
-    every cell its far runs leave is zeroed or summed as with narrow blocks, and the call matches eager."""
+    near tile summed, the rows 2·sat + 1 cells) and, the default, in the tables' one band at their odd stride,
+    16 bytes at a time, with the keys padded on the left (the programs' first visible keys floored to 64):
+    every cell its far runs leave is zeroed or summed as with narrow blocks (the buffers poisoned with NaN),
+    and the call matches eager."""
     from debertakit.attention.triton_access import record_run
 
     monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 64)
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
-    if stores == "cells":
-        monkeypatch.setattr(triton_backend, "GRADIENT_STORES", "cells")
-    else:
-        monkeypatch.setattr(triton_backend, "GRADIENT_BANDS", False)
+    monkeypatch.setattr(triton_backend, "GRADIENT_STORES", stores)
     with record_run("triton_kernels.py") as (_, launches):
         _compare(
             WIDE_FAR_CASES["n150_left_padded"], torch.float32, DEVICE, _wide_far_geometry("n150_left_padded")
@@ -734,6 +734,8 @@ def test_dq_far_keys_as_compiled_without_spills():
     ]  # fmt: skip
     for *args, want in cases:
         assert triton_backend._far_keys(*args, "_dq_kernel") == want, args
+    with pytest.raises(ValueError, match="not '_dkv_kernel'"):
+        triton_backend._far_keys(64, 32, True, 64, False, False, "_dkv_kernel")
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
@@ -2784,6 +2786,28 @@ def test_kernels_compile_for_sm90(part):
     parts (the attention kernels' forward, their backward's two kernels, the product and fold kernels) that two
     workers share."""
     _compile_for_gpu("--part", part)
+
+
+@pytest.mark.parametrize("setting", ["FORWARD_FAR_KEYS", "DQ_FAR_KEYS"])
+def test_the_default_compile_check_builds_the_wide_far_blocks_each_kernel_runs(monkeypatch, setting):
+    """With one kernel's far blocks widened (64 keys), the default compile check builds at head dim 128 the
+    wide kernel that kernel runs (the forward 64 keys, dQ 32) and none of the other's, whose setting is off;
+    with neither, no wide build there at all."""
+    from pathlib import Path
+
+    script = _script_module(Path(__file__).with_name("compile_triton_kernels.py"))
+
+    def wide_builds():
+        return {
+            (name, flags["FAR_N"])
+            for _, dim, name, _, flags, _, _ in script.builds(triton_backend.KERNEL_NAMES, False)
+            if dim == 128 and "FAR_N" in flags
+        }
+
+    assert wide_builds() == set()
+    monkeypatch.setattr(triton_backend, setting, 64)
+    want = {"FORWARD_FAR_KEYS": ("_fwd_kernel", 64), "DQ_FAR_KEYS": ("_dq_kernel", 32)}[setting]
+    assert wide_builds() == {want}
 
 
 def test_the_default_compile_check_builds_what_the_backend_runs_by_default():
