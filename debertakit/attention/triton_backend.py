@@ -329,6 +329,8 @@ FORWARD_FAR_KEYS: int | None = None
 # at 128, 32 keys spill with dropout) nor at head dim 128 with dropout (32 keys spill on sm_86, 8-16 bytes).
 # Untimed on a GPU: the benchmark's row "triton (forward and dQ far tiles of 64 keys)".
 DQ_FAR_KEYS: int | None = None
+# the kernels that take wide far blocks, and the setting of each
+FAR_KEY_SETTINGS = {"_fwd_kernel": "FORWARD_FAR_KEYS", "_dq_kernel": "DQ_FAR_KEYS"}
 
 
 def _far_keys(
@@ -347,10 +349,9 @@ def _far_keys(
     ``dropout`` or ``segments``, else 64; dQ: none with ``segments`` or at a head dim above 64 with
     ``dropout``, 64 at head dims up to 64 without ``dropout``, else 32), no less than ``block_n``; else
     ``block_n``."""
-    settings = {"_fwd_kernel": "FORWARD_FAR_KEYS", "_dq_kernel": "DQ_FAR_KEYS"}
-    if kernel not in settings:
+    if kernel not in FAR_KEY_SETTINGS:
         raise ValueError(f"wide far blocks are the forward's and dQ's, not {kernel!r}'s")
-    setting = settings[kernel]
+    setting = FAR_KEY_SETTINGS[kernel]
     if wide is not None and (type(wide) is not int or wide < 1 or FAR_PAD % wide):
         raise ValueError(
             f"triton_backend.{setting} must be None or a power of two dividing FAR_PAD ({FAR_PAD}), got {wide!r}"

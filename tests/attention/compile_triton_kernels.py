@@ -189,32 +189,31 @@ def _buildable(flags: dict, head_dim: int, kernel: str) -> dict:
     return flags
 
 
+def _backend_far_n(wide: int | None, flags: dict, head_dim: int, kernel: str, block_n: int) -> int:
+    """The FAR_N the backend gives ``kernel`` (the forward or dQ) with ``flags`` when its setting is ``wide``
+    (`triton_backend._far_keys`; the distance road: `_buildable` clears DIST elsewhere)."""
+    split = flags["DIST"] and flags["FAR_TILES"]
+    return B._far_keys(wide, block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"], kernel)
+
+
 def _far_keys(flags: dict, head_dim: int, kernel: str, block_n: int) -> dict:
-    """``flags`` (`_buildable`'s) with the forward's or dQ's FAR_N as the backend takes it
-    (`triton_backend._far_keys`), or without it for dK/dV and where the backend takes none wider than the tiles'
-    ``block_n``."""
-    if "FAR_N" not in flags or kernel not in ("_fwd_kernel", "_dq_kernel"):
-        return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
-    split = flags["DIST"] and flags["FAR_TILES"]  # (the distance road: `_buildable` clears DIST elsewhere)
-    wide = B._far_keys(flags["FAR_N"], block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"], kernel)
-    if wide == block_n:
-        return {flag: value for flag, value in flags.items() if flag != "FAR_N"}
-    return dict(flags, FAR_N=wide)
-
-
-FAR_KEY_SETTINGS = {"_fwd_kernel": "FORWARD_FAR_KEYS", "_dq_kernel": "DQ_FAR_KEYS"}
+    """``flags`` (`_buildable`'s) with the forward's or dQ's FAR_N as the backend takes it, or without it for
+    dK/dV and where the backend takes none wider than the tiles' ``block_n``."""
+    wide = block_n
+    if "FAR_N" in flags and kernel in B.FAR_KEY_SETTINGS:
+        wide = _backend_far_n(flags["FAR_N"], flags, head_dim, kernel, block_n)
+    narrow = {flag: value for flag, value in flags.items() if flag != "FAR_N"}
+    return narrow if wide == block_n else dict(narrow, FAR_N=wide)
 
 
 def _runs_by_default(flags: dict, head_dim: int, kernel: str, block_n: int) -> bool:
     """Whether ``kernel`` built with ``flags`` (`_far_keys`'s) takes the far blocks the backend gives it under its
-    own setting (`FAR_KEY_SETTINGS`): the forward and dQ share the wide variants, each resolving them its own
-    way, so a default-road variant may hold far blocks one kernel runs and the other does not."""
-    if kernel not in FAR_KEY_SETTINGS:
+    own setting (`triton_backend.FAR_KEY_SETTINGS`): the forward and dQ share the wide variants, each resolving
+    them its own way, so a default-road variant may hold far blocks one kernel runs and the other does not."""
+    if kernel not in B.FAR_KEY_SETTINGS:
         return True
-    split = flags["DIST"] and flags["FAR_TILES"]
-    setting = getattr(B, FAR_KEY_SETTINGS[kernel])
-    runs = B._far_keys(setting, block_n, split, head_dim, flags["HAS_SEG"], flags["DROPOUT"], kernel)
-    return flags.get("FAR_N", block_n) == runs
+    setting = getattr(B, B.FAR_KEY_SETTINGS[kernel])
+    return flags.get("FAR_N", block_n) == _backend_far_n(setting, flags, head_dim, kernel, block_n)
 
 
 def builds(kernels: tuple[str, ...], everything: bool):

@@ -613,20 +613,38 @@ def test_far_keys_setting_is_checked(monkeypatch, setting, kernel, value):
         _compare(GRID["n7"], torch.float32, DEVICE)
 
 
-def test_forward_far_keys_no_narrower_than_the_tiles():
-    """A setting no wider than the forward's key block leaves it as it is; None is the default's; no wide
-    blocks at head dim 128 with packed rows (segments), where they spill; 128 keys taken as 64 at head dim 128,
-    with dropout or with segments (spills, and sm_86's shared memory)."""
-    cases = [  # value, block_n, split (distance road, far tiles), head_dim, segments, dropout -> FAR_N
+# value, block_n, split (distance road, far tiles), head_dim, segments, dropout -> FAR_N, per kernel
+FAR_KEYS_CASES = {
+    # no narrower than the tiles' block (None: the default's); none at head dim 128 with packed rows (segments),
+    # where they spill; 128 keys taken as 64 at head dim 128, with dropout or with segments (spills, and sm_86's
+    # shared memory)
+    "_fwd_kernel": [
         (32, 64, True, 64, False, False, 64), (64, 64, True, 64, False, False, 64),
         (None, 32, True, 64, False, False, 32), (128, 32, True, 64, False, False, 128),
         (128, 32, False, 64, False, False, 32), (64, 16, True, 64, True, False, 64),
         (64, 16, True, 128, False, False, 64), (64, 16, True, 128, True, False, 16),
         (128, 16, True, 128, False, False, 64), (128, 16, True, 64, False, True, 64),
         (128, 32, True, 64, True, False, 64), (128, 16, True, 128, True, True, 16),
-    ]  # fmt: skip
-    for *args, want in cases:
-        assert triton_backend._far_keys(*args) == want, args
+    ],
+    # 64 at most at head dims up to 64 without dropout, 32 at 128 or with dropout, none with segments or at 128
+    # with dropout, none where the loop is not split, no less than the tiles' block
+    "_dq_kernel": [
+        (128, 32, True, 64, False, False, 64), (64, 32, True, 64, False, False, 64),
+        (32, 32, True, 64, False, False, 32), (None, 32, True, 64, False, False, 32),
+        (64, 32, False, 64, False, False, 32), (64, 32, True, 64, True, False, 32),
+        (64, 16, True, 128, False, False, 32), (64, 16, True, 64, False, True, 32),
+        (64, 16, True, 128, False, True, 16), (16, 16, True, 128, False, False, 16),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", list(FAR_KEYS_CASES))
+def test_far_keys_as_compiled_without_spills(kernel):
+    """`_far_keys` per kernel (`FAR_KEYS_CASES`); the backward's dK/dV takes no wide blocks: an error naming it."""
+    for *args, want in FAR_KEYS_CASES[kernel]:
+        assert triton_backend._far_keys(*args, kernel) == want, args
+    with pytest.raises(ValueError, match="not '_dkv_kernel'"):
+        triton_backend._far_keys(64, 32, True, 64, False, False, "_dkv_kernel")
 
 
 DQ_WIDE_CASES = [name for name in FORWARD_REACH_CASES if name != "packed"] + ["n150_padded"]
@@ -720,22 +738,6 @@ def test_dq_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, far_k
     with record_run("triton_kernels.py") as (_, launches):
         _compare_with_dropout(monkeypatch, WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE, 0.3)
     assert launches["_dq_kernel"][1]["FAR_N"] == 32 and launches["_dq_kernel"][1]["DROPOUT"]
-
-
-def test_dq_far_keys_as_compiled_without_spills():
-    """dQ's FAR_N: 64 at most at head dims up to 64 without dropout, 32 at 128 or with dropout, none with
-    segments or at 128 with dropout, none where the loop is not split, no less than the tiles' block."""
-    cases = [  # value, block_n, split, head_dim, segments, dropout -> FAR_N
-        (128, 32, True, 64, False, False, 64), (64, 32, True, 64, False, False, 64),
-        (32, 32, True, 64, False, False, 32), (None, 32, True, 64, False, False, 32),
-        (64, 32, False, 64, False, False, 32), (64, 32, True, 64, True, False, 32),
-        (64, 16, True, 128, False, False, 32), (64, 16, True, 64, False, True, 32),
-        (64, 16, True, 128, False, True, 16), (16, 16, True, 128, False, False, 16),
-    ]  # fmt: skip
-    for *args, want in cases:
-        assert triton_backend._far_keys(*args, "_dq_kernel") == want, args
-    with pytest.raises(ValueError, match="not '_dkv_kernel'"):
-        triton_backend._far_keys(64, 32, True, 64, False, False, "_dkv_kernel")
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
