@@ -17,6 +17,7 @@ they store for the position tables), which `eager` (all float32) does not; one b
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -650,6 +651,23 @@ def test_far_keys_as_compiled_without_spills(kernel):
 DQ_WIDE_CASES = [name for name in FORWARD_REACH_CASES if name != "packed"] + ["n150_padded"]
 
 
+def _far_blocks(monkeypatch) -> dict[str, list[tuple[int, int]]]:
+    """The far blocks the backend gives each kernel in the calls that follow: {kernel: [(its loop's block, FAR_N),
+    ...]}, one entry per launch, from `triton_backend._far_keys` (the launch's FAR_N argument). Any device: on a
+    GPU the interpreter's record of the launches (`record_run`) is not there to say it. A spy patched in is a
+    new settings snapshot (`_plan_settings`): the next call is made, not replayed from a plan."""
+    seen: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    real = triton_backend._far_keys
+
+    def spy(wide, block, split, head_dim, segments, dropout, kernel="_fwd_kernel"):
+        far = real(wide, block, split, head_dim, segments, dropout, kernel)
+        seen[kernel].append((block, far))
+        return far
+
+    monkeypatch.setattr(triton_backend, "_far_keys", spy)
+    return seen
+
+
 @pytest.mark.parametrize(
     "name, dtype, far_keys",
     [(name, "float32", keys) for name in DQ_WIDE_CASES for keys in (32, 64)]
@@ -666,11 +684,14 @@ def test_dq_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_k
 
     monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", far_keys)
     monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)  # a cell left unwritten shows
+    blocks = _far_blocks(monkeypatch)
     with record_run("triton_kernels.py") as (_, launches):
         _compare(WIDE_FAR_CASES[name], getattr(torch, dtype), DEVICE, _wide_far_geometry(name))
     assert launches["_dq_kernel"][1]["FAR_N"] == min(far_keys, 64)
     assert launches["_dq_kernel"][1]["BLOCK_N"] == 16
     assert launches["_fwd_kernel"][1]["FAR_N"] == 16  # (the forward's own setting: None)
+    # what the GPU tests read instead of the launches (`_far_blocks`)
+    assert blocks == {"_fwd_kernel": [(16, 16)], "_dq_kernel": [(16, min(far_keys, 64))]}, blocks
 
 
 @pytest.mark.parametrize("stores", ["cells", "aligned"])
@@ -3101,10 +3122,14 @@ def test_forward_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case, far
     alignment on trust): within the grid's tolerance of eager, with and without dropout, and with the forward's
     tables cut to the saturation too."""
     monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", far_keys)
+    blocks = _far_blocks(monkeypatch)
     _compare(case, torch.bfloat16, "cuda")
     _compare_with_dropout(monkeypatch, case, torch.bfloat16, "cuda", 0.1)
     monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
     _compare(case, torch.bfloat16, "cuda")
+    # every forward took wide blocks (none at head dim 128 with packed rows: not among the cases)
+    wide = [far > block for block, far in blocks["_fwd_kernel"]]
+    assert wide == [True, True, True], blocks
 
 
 @pytest.mark.gpu
@@ -3113,10 +3138,15 @@ def test_dq_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case):
     """`DQ_FAR_KEYS` = 64 at real sizes (bfloat16, the GPU's tiles: 64 keys at head dim 64, 32 at 128; none with
     packed rows), with the forward's too: within the grid's tolerance of eager, with and without dropout."""
     monkeypatch.setattr(triton_backend, "DQ_FAR_KEYS", 64)
+    blocks = _far_blocks(monkeypatch)
     _compare(case, torch.bfloat16, "cuda")
     _compare_with_dropout(monkeypatch, case, torch.bfloat16, "cuda", 0.1)
     monkeypatch.setattr(triton_backend, "FORWARD_FAR_KEYS", 64)
     _compare(case, torch.bfloat16, "cuda")
+    # dQ took wide blocks but with packed rows, and with dropout at head dim 128 (`_far_keys`)
+    wide = [far > block for block, far in blocks["_dq_kernel"]]
+    packed = case.cu_seqlens is not None
+    assert wide == [not packed, not packed and case.dim <= 64, not packed], blocks
 
 
 GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None]
@@ -3506,7 +3536,6 @@ def test_gpu_benchmark_tile_sweep_of_the_fold_kernels(tmp_path, monkeypatch, cap
     bfloat16 (N = 64: tables and gradients in bands, at the odd row stride the fold kernels serve), restored
     after; the attention kernels keep their tiles; with ``--tile-timer profile`` the row's time is split by
     kernel (printed as the profile's); on another road it is refused."""
-    import collections
     import json
 
     bench = _benchmark_module()
