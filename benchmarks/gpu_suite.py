@@ -31,7 +31,8 @@ each step's cap and what it decides):
    stores' sectors per request);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
 7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`),
-   ``tiles-forward``: of the distance road's forward kernel alone, by its pipeline's stages, and
+   ``tiles-forward``: of the distance road's forward kernel alone, by its pipeline's stages, ``tiles-dkv``:
+   of the backward's dK/dV kernel alone (a third to half of a forward+backward's GPU time at 2048 to 8192), and
    ``tiles-product``, ``tiles-product-tma``, ``tiles-product-rows``, ``tiles-product-columns``: of the distance
    tables' product kernel with a block a program (`PRODUCT_PROGRAMS` "blocks", `PRODUCT_TILES`), with an
    address per element, with tensor-memory stores (`PRODUCT_STORES`), as a loop per row block
@@ -206,6 +207,22 @@ FOLD_SWEEP_TILES = ["64x64w4s3", "64x64w4s4", "64x128w8s3", "128x64w8s3", "128x1
 # stages were slower on an H100 on the tables road (2026-11-24, `benchmarks/results/attention_gpu.json`), before
 # the distance tables; not yet timed on them
 FORWARD_SWEEP_TILES = ["64x32w4s2", "64x32w4s3", "64x32w4s4", "128x32w8s3"]
+# the backward's dK/dV kernel alone (`triton_backend.GPU_TILES`: 64x32 w4 s2, queries a step x keys a program,
+# timed on an H100 with the other two kernels at the same shape and never swept alone). On an H200 it took 5.36
+# ms of a forward+backward's 11.25 at N = 8192 and 1.52 of 4.71 at 2048, against dQ's 2.23 and 0.87 and the
+# forward kernel's 2.07 and 0.73 (GPU time, `benchmarks/results/attention_gpu_h200_3896d8b_profile.json`): 2.4
+# times dQ, where its instructions a far score are 1.5 times dQ's (a fourth product). A program of 32 keys
+# loads a block of q and dO a step, 8 bytes a score at head dim 64; 128 keys take 2. Compiled for sm_90 (the
+# v3 set on the distance road, Triton 3.6 / 3.9; `benchmarks/results/triton_static.md`, the three-stage shape by
+# `triton_aot.compile_kernel`): registers a thread, spilled bytes, instructions a score in the far / near loop
+#   64x32 w4 s2    255 / 255, 16 / 48, 21.6 / 22.6, 32.2 / 31.3 (two 4-warp programs an SM)
+#   32x128 w8 s2   232 / 235, none, 21.3 / 22.4, 28.8 / 28.4 (one 8-warp program; the static report's choice)
+#   32x128 w8 s3   218 / 225, none, 23.4 / 23.4, 32.0 / 30.6 (90 KiB of shared memory)
+#   32x64 w4 s2    226 / 244, none, 22.2 / 22.8, 29.3 / 28.3
+#   128x32 w8 s2   192 / 186, none, 23.9 / 24.4, 35.4 / 33.4
+# Not swept: 32x128 and 64x64 with 4 warps spill 240-480 and 88-272 bytes, 16x128 w4 104-152; a program's keys
+# must divide FAR_PAD (128)
+DKV_SWEEP_TILES = ["64x32w4s2", "32x128w8s2", "32x128w8s3", "32x64w4s2", "128x32w8s2"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its
 # results and exit; a unit stopped all the same loses only itself (results are rewritten after each unit)
@@ -368,10 +385,11 @@ DISTANCE_TILES = [
 ]
 
 
-def _distance_kernel_sweep(kernel: str) -> list[str]:
+def _distance_kernel_sweep(kernel: str, lengths: tuple[str, ...] = ("512", "2048")) -> list[str]:
     """The start of a tile sweep of one kernel on the distance road (the tables' product, a fold kernel, the
-    forward) at 512 (bands) and 2048 (one band), timed by kernel: each is a share of a call (a fold kernel
-    0.3-0.4 ms of a 4.8 ms call at 2048), often less than rows' per-call times differ. The shapes follow."""
+    forward, dK/dV) at ``lengths``, by default 512 (bands) and 2048 (one band), timed by kernel: each is a share of
+    a call (a fold kernel 0.3-0.4 ms of a 4.8 ms call at 2048), often less than rows' per-call times differ. The
+    shapes follow."""
     sweep = [
         "--sections",
         "tiles",
@@ -382,7 +400,7 @@ def _distance_kernel_sweep(kernel: str) -> list[str]:
         "--tile-kernels",
         kernel,
     ]
-    return [*sweep, "--lengths", "512", "2048", "--tiles"]
+    return [*sweep, "--lengths", *lengths, "--tiles"]
 
 
 PRODUCT_SWEEP = _distance_kernel_sweep("_distance_product_kernel")
@@ -441,6 +459,12 @@ PLAN = [
     _bench(
         "tiles-forward", "the distance road's forward kernel by the stages of its pipeline (GPU_TILES)",
         120, 60, *_distance_kernel_sweep("_fwd_kernel"), *FORWARD_SWEEP_TILES, out="attention_gpu_tiles_forward.json",
+    ),
+    _bench(
+        "tiles-dkv", "the backward's dK/dV kernel alone by its tile shape (GPU_TILES), at 2048 and 8192, where it took "
+        "a third and half of a forward+backward's GPU time", 180, 60,
+        *_distance_kernel_sweep("_dkv_kernel", ("2048", "8192")), *DKV_SWEEP_TILES,
+        out="attention_gpu_tiles_dkv.json",
     ),
     _bench(
         "tiles-product", "tile shapes of the distance tables' product kernel, a block a program (PRODUCT_TILES)",

@@ -282,6 +282,17 @@ def test_the_plans_commands_are_what_their_scripts_accept(suite, tmp_path):
     assert sections <= set(attention_gpu.SECTIONS)
 
 
+def test_the_dkv_sweep_times_that_kernel_alone_by_kernel_where_it_dominates(suite, tmp_path):
+    """The `tiles-dkv` step gives its shapes to the dK/dV kernel only (the others keep their tiles), on the
+    distance road, timed by kernel (its own GPU time, not the call's) at 2048 and 8192, the GPU's tiles of now
+    among them to compare against."""
+    argv = suite.STEPS["tiles-dkv"].argv(tmp_path, 100, False)
+    assert _after(argv, "--tile-kernels") == ["_dkv_kernel"]
+    assert _after(argv, "--tile-timer") == ["profile"] and _after(argv, "--near-band") == ["distance"]
+    assert _after(argv, "--lengths") == ["2048", "8192"]
+    assert _after(argv, "--tiles") == suite.DKV_SWEEP_TILES and "64x32w4s2" in suite.DKV_SWEEP_TILES
+
+
 def _after(argv: list[str], flag: str) -> list[str]:
     if flag not in argv:
         return []

@@ -3410,6 +3410,30 @@ def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
     return seen
 
 
+def test_dkv_kernel_at_the_gpu_suites_sweep_shapes_matches_eager(monkeypatch):
+    """The GPU suite's dK/dV sweep (`gpu_suite.DKV_SWEEP_TILES`, the kernel alone at each shape) times shapes
+    no test runs otherwise: at each, under the interpreter, a padded batch of 150 (saturation 16: at every shape
+    far tiles before or after some program's keys, near ones, keys past the second row's end) on the default
+    road gives eager's output and gradients, the position tables' too, and the dK/dV launch took the shape."""
+    import importlib
+    from pathlib import Path
+
+    from debertakit.attention.triton_access import record_run
+
+    # imported by name, as the scripts import each other (its dataclass needs its module in sys.modules)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    shapes = importlib.import_module("gpu_suite").DKV_SWEEP_TILES
+    assert shapes[0] == "64x32w4s2" == str(triton_backend.GPU_TILES[64]["_dkv_kernel"]).replace(" ", "")
+    for spec in shapes:
+        tiles = Tiles.parse(spec)
+        monkeypatch.setitem(triton_backend.TILE_OVERRIDES, "_dkv_kernel", tiles)
+        with record_run("triton_kernels.py") as (_, launches):
+            _compare(WIDE_FAR_CASES["n150_padded"], torch.float32, DEVICE)
+        kwargs = launches["_dkv_kernel"][1]
+        assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"]) == (tiles.block_m, tiles.block_n), spec
+        assert launches["_dq_kernel"][1]["BLOCK_N"] == 16  # the others keep theirs
+
+
 def test_gpu_benchmark_tile_sweep_runs_each_shape(tmp_path):
     """The `tiles` section times the triton backend once per tile shape, with that shape in force."""
     import json
