@@ -28,7 +28,8 @@ each step's cap and what it decides):
    (after the tests and the profile since an H200 lease of 2026-11-26 ran it first: what is new since then
    is the code's correctness on a GPU and where its time goes); ``ncu-product``: the distance tables' product
    kernel alone at both lengths (its DRAM writes and their rate, the memory's and L2's share of peak, the
-   stores' sectors per request);
+   stores' sectors per request); ``ncu-backward``: dQ and dK/dV at 8192 (their L2 throughput's share of peak:
+   whether the blocks each program streams from L2, not instructions, set their time);
 6. ``folds``: the backward's fold products at the distance buffers' padded row stride and the unpadded one;
 7. ``tiles``, ``tiles-distance``: tile sweeps on the tables and the distance roads (for `GPU_TILES`),
    ``tiles-forward``: of the distance road's forward kernel alone, by its pipeline's stages, ``tiles-dkv``:
@@ -307,6 +308,16 @@ _ncu_product = _attention_ncu(
     "--lengths", "512", "2048",
     timeout_s=120, name="ncu_product",
 )  # fmt: skip
+_ncu_backward = _attention_ncu(
+    "--impls", "triton",
+    # the backward's two attention kernels at 8192, where dK/dV took 5.36 ms against dQ's 2.23 on an H200 (sixth
+    # lease's profile) for 1.5 times its instructions a far score: each program streams the other side's blocks
+    # from L2 (dK/dV's q and dO, 8 bytes a score at its 64x32 tiles; dQ's K and V, 4), so their L2 throughput
+    # against its peak, beside the stalls, says whether bytes, not instructions, set their time
+    "--kernels", "_dq_kernel|_dkv_kernel",
+    "--lengths", "8192",
+    timeout_s=150, name="ncu_backward",
+)  # fmt: skip
 
 
 # Processes for the GPU tests where pytest-xdist imports (the GPU image has it): a test's time is mostly Triton
@@ -444,6 +455,10 @@ PLAN = [
     Step(
         "ncu-product", "what the tables' product kernel is held by (memory, L2, stores, issue) at 512 and 2048",
         _ncu_product, 150, 70, budgeted=True,
+    ),
+    Step(
+        "ncu-backward", "what the backward's dQ and dK/dV kernels are held by at 8192 (L2's share of peak, stalls)",
+        _ncu_backward, 180, 90, budgeted=True,
     ),
     _bench(
         "folds",
