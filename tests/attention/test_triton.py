@@ -427,6 +427,7 @@ def _table_reaches(launches) -> dict[str, int]:
     }
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize(
     "name, dtype",
     [(name, "float32") for name in FORWARD_REACH_CASES]
@@ -453,6 +454,7 @@ def test_forward_tables_cut_to_the_saturation_give_the_same_results(monkeypatch,
     _assert_same_bits(got, want)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize(
     "name, keep", [("n7", False), ("packed_short_sequences", False), ("n70_saturating", True)]
 )
@@ -488,6 +490,7 @@ def _wide_far_geometry(name: str) -> Geometry | None:
     return _left_padded(150, (40, 77)) if name == "n150_left_padded" else None
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize(
     "name, dtype, far_keys",
     [(name, "float32", keys) for name in (*FORWARD_REACH_CASES, "n150_padded") for keys in (32, 64)]
@@ -543,6 +546,7 @@ def _wide_key_block_starts(loads, kernel: str, k: torch.Tensor, c: Case) -> list
     ]
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize("road", ["distance", "tables", "skew"])
 def test_forward_far_tiles_in_wide_blocks_on_the_distance_road_only(monkeypatch, road):
     """The wide far blocks with the forward's tables cut to the saturation (``EDGES``) on the distance road; the
@@ -560,6 +564,7 @@ def test_forward_far_tiles_in_wide_blocks_on_the_distance_road_only(monkeypatch,
     assert kwargs["EDGES"] == (road == "distance")
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize("far_keys", [64, 128])
 def test_forward_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, far_keys):
     """Wide far blocks draw the mask the narrow ones draw (a function of the pair, not of the tile: visible keys
@@ -585,6 +590,7 @@ NARROW_FAR_CASES = [
 ]
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize("setting, kernel, name", NARROW_FAR_CASES)
 def test_far_keys_stay_narrow_where_no_run_is_far(monkeypatch, setting, kernel, name):
     """No wide block where a kernel's loop has no far runs: no far tile (a short input, a row of short
@@ -668,6 +674,7 @@ def _far_blocks(monkeypatch) -> dict[str, list[tuple[int, int]]]:
     return seen
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize(
     "name, dtype, far_keys",
     [(name, "float32", keys) for name in DQ_WIDE_CASES for keys in (32, 64)]
@@ -694,6 +701,7 @@ def test_dq_far_tiles_in_wide_blocks_match_eager(monkeypatch, name, dtype, far_k
     assert blocks == {"_fwd_kernel": [(16, 16)], "_dq_kernel": [(16, min(far_keys, 64))]}, blocks
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize("stores", ["cells", "aligned"])
 def test_dq_far_tiles_in_wide_blocks_with_both_gradient_layouts_match_eager(monkeypatch, stores):
     """dQ's wide far blocks with its gradients stored by cell (`GRADIENT_STORES` "cells": saturated pairs of a
@@ -714,6 +722,7 @@ def test_dq_far_tiles_in_wide_blocks_with_both_gradient_layouts_match_eager(monk
     assert launches["_dq_kernel"][1]["GRAD_BANDS"] == (stores != "cells")
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 def test_forward_and_dq_far_tiles_in_wide_blocks_together_match_eager(monkeypatch):
     """Both settings at once (the benchmark's row "triton (forward and dQ far tiles of 64 keys)"): each kernel
     takes its own, and the call matches eager."""
@@ -748,6 +757,7 @@ def test_dq_wide_far_blocks_start_on_multiples_of_their_width(monkeypatch):
     assert starts and all(n % 64 == 0 for n in starts), sorted(set(starts))
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize("far_keys", [64, 128])
 def test_dq_far_tiles_in_wide_blocks_with_dropout_match_eager(monkeypatch, far_keys):
     """dQ's wide far blocks redraw the mask the forward's narrow ones drew (a function of the pair, not of the
@@ -2192,6 +2202,7 @@ def test_dropout_equals_eager_with_the_kernels_mask(monkeypatch, name, dtype):
     _compare_with_dropout(monkeypatch, GRID[name], dtype, DEVICE, 0.3)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 def test_forward_tables_cut_to_the_saturation_with_dropout_match_eager(monkeypatch):
     """`FORWARD_REACH = "saturation"` with dropout (the forward's dropout tiles size the uncut tables): the
     forward's tables cut, output and gradients equal eager's probabilities times the kernels' mask."""
@@ -3410,6 +3421,7 @@ def _seen_in_a_rows_call(monkeypatch, row: str, spied: str, observe) -> list:
     return seen
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 def test_dkv_kernel_at_the_gpu_suites_sweep_shapes_matches_eager(monkeypatch):
     """The GPU suite's dK/dV sweep (`gpu_suite.DKV_SWEEP_TILES`, the kernel alone at each shape) times shapes
     no test runs otherwise: at each, under the interpreter, a padded batch of 150 (saturation 16: at every shape
