@@ -283,6 +283,9 @@ KEPT = {
     "l2_pct": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
     "st_requests": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
     "st_sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    # what kernels that stream the other side's blocks through L2 (each program all of them) read from it: the
+    # sectors of 32 bytes L1 asked L2 for
+    "l2_read_sectors": "lts__t_sectors_srcunit_tex_op_read.sum",
 }
 # the warp states, cycles per issued instruction: smsp__average_warps_issue_stalled_<reason>_per_issue_active
 _STALL = re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
@@ -465,12 +468,22 @@ def _fmt_bytes(x: float | None) -> str:
     return "—" if x is None else f"{x / 1e6:.0f} MB"
 
 
+def _rate(moved: float | None, us: float | None) -> str:
+    """Bytes a kernel moved and their rate over its duration (ncu's clocks: lower than a timed run's)."""
+    if moved is None or not us:
+        return _fmt_bytes(moved)
+    return f"{_fmt_bytes(moved)} ({moved / us / 1e6:.2f} TB/s)"
+
+
 def _write_rate(k: dict) -> str:
-    """A kernel's DRAM writes and their rate over its duration (ncu's clocks: lower than a timed run's)."""
-    written, us = k.get("dram_write_bytes"), k["us"]
-    if written is None or not us:
-        return _fmt_bytes(written)
-    return f"{_fmt_bytes(written)} ({written / us / 1e6:.2f} TB/s)"
+    """A kernel's DRAM writes and their rate."""
+    return _rate(k.get("dram_write_bytes"), k["us"])
+
+
+def _l2_read_rate(k: dict) -> str:
+    """What a kernel read from L2 (its sectors of 32 bytes) and the rate."""
+    sectors = k.get("l2_read_sectors")
+    return _rate(None if sectors is None else 32 * sectors, k["us"])
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -481,15 +494,15 @@ def table(results: list[dict]) -> str:
     """Markdown: one line per kernel, then per kernel its top stall reasons, opcodes and loops."""
     lines = [
         "| impl | N | kernel | µs | regs | occupancy % | issue % | tensor % | LDGSTS sectors / request "
-        "| LDG sectors / request | DRAM read | STG sectors / request | DRAM write | DRAM / L2 % of peak "
+        "| LDG sectors / request | DRAM read | L2 read | STG sectors / request | DRAM write | DRAM / L2 % of peak "
         "| top stalls (cycles per issue) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     details = []
     for r in results:
         name = _name(r["impl"], r.get("tiles"))
         if "error" in r:
-            lines.append(f"| {name} | {r['n']} | error: {r['error'][:160]} | | | | | | | | | | | | |")
+            lines.append(f"| {name} | {r['n']} | error: {r['error'][:160]} | | | | | | | | | | | | | |")
             continue
         for k in r["kernels"]:
             ratio = {
@@ -502,7 +515,7 @@ def table(results: list[dict]) -> str:
                 f"| {name} | {r['n']} | {k['kernel'][:40]} | {_fmt(k['us'])} | {_fmt(k['registers'], 0)} "
                 f"| {_fmt(k['occupancy_pct'])} | {_fmt(k['issue_active_pct'])} | {_fmt(k['tensor_pipe_pct'])} "
                 f"| {_fmt(ratio['ldgsts'])} | {_fmt(ratio['ld'])} | {_fmt_bytes(k['dram_read_bytes'])} "
-                f"| {_fmt(ratio['st'])} | {_write_rate(k)} | {_fmt(k.get('dram_pct'))} / {_fmt(k.get('l2_pct'))} "
+                f"| {_l2_read_rate(k)} | {_fmt(ratio['st'])} | {_write_rate(k)} | {_fmt(k.get('dram_pct'))} / {_fmt(k.get('l2_pct'))} "
                 f"| {stalls or '—'} |"
             )
             src = k.get("source")

@@ -100,6 +100,30 @@ def test_summary_shows_what_a_writing_kernel_is_held_by():
     )
 
 
+def test_summary_shows_what_a_streaming_kernel_reads_from_l2():
+    """For kernels whose programs each stream the other side's blocks through L2 (dQ, dK/dV): the bytes L1 read
+    from L2 (sectors of 32 bytes) and their rate over the kernel's duration, in its own column; dashes where ncu
+    did not collect it; an error row keeps a cell per column."""
+    ncu = _module()
+    raw = textwrap.dedent(
+        """        "ID","Kernel Name","gpu__time_duration.sum","lts__t_sectors_srcunit_tex_op_read.sum"
+        "","","msecond","sector"
+        "0","_dkv_kernel","5.36","403,125,000"
+        """
+    )
+    (k,) = ncu.summarize(ncu.parse_raw(raw), [])
+    assert k["us"] == pytest.approx(5360.0) and k["l2_read_sectors"] == 403_125_000
+    md = ncu.table(
+        [{"impl": "triton", "n": 8192, "kernels": [k]}, {"impl": "triton", "n": 512, "error": "x"}]
+    )
+    header, _, row, error = md.splitlines()[:4]
+    assert "| L2 read |" in header and "| 12900 MB (2.41 TB/s) |" in row
+    assert row.count("|") == error.count("|") == header.count("|")
+    assert "| 12900 MB" not in ncu.table(
+        [{"impl": "triton", "n": 8192, "kernels": [dict(k, l2_read_sectors=None)]}]
+    )
+
+
 def test_source_page_sums_the_stall_samples_per_opcode_and_per_loop_over_tiles():
     ncu = _module()
     fwd, dq = ncu.parse_source(SOURCE)
