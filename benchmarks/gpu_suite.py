@@ -222,8 +222,9 @@ FORWARD_SWEEP_TILES = ["64x32w4s2", "64x32w4s3", "64x32w4s4", "128x32w8s3"]
 #   32x64 w4 s2    226 / 244, none, 22.2 / 22.8, 29.3 / 28.3
 #   128x32 w8 s2   192 / 186, none, 23.9 / 24.4, 35.4 / 33.4
 # Not swept: 32x128 and 64x64 with 4 warps spill 240-480 and 88-272 bytes, 16x128 w4 104-152; a program's keys
-# must divide FAR_PAD (128). The distance tables serve the three kernels' tiles: at 32x128 and 128x32 they reach
-# further (1345 cells a row against 1217 at N >= 2048), which the rows' product kernel times show
+# must divide FAR_PAD (128). The backward's distance tables serve its two kernels' tiles: at 32x128 and 128x32
+# they reach further (1345 cells a row against 1217 at N >= 2048); the forward's serve its own
+# (`triton_backend._table_layouts`)
 DKV_SWEEP_TILES = ["64x32w4s2", "32x128w8s2", "32x128w8s3", "32x64w4s2", "128x32w8s2"]
 # a benchmark script is told to start no unit this long before its step's time is up, so that its last unit
 # (a length's rows, or one ncu profile, compiles included) can end inside the step and the script write its

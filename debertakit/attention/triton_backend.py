@@ -287,9 +287,31 @@ def _distance_layout(
     return banded
 
 
+def _table_layouts(
+    sat: int, nq: int, nk: int, far_tiles: bool, head_dim: int, batch: int, device, dropout: bool
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The layouts (`_distance_layout`) of the backward's distance tables and of the forward's, each for the tiles
+    of the kernels that read it (those they run with ``dropout``); where the backward reads the forward's tables
+    (`KEEP_TABLES`), one for the three kernels. A kernel whose tiles have smaller sides than another's reads a
+    narrower near band (one band: the saturation plus its own BLOCK_M + BLOCK_N) or shorter bands (its own
+    longest side): the forward at 64x32 with dK/dV at 32x128 (the GPU suite's `tiles-dkv` sweep) reads 1217
+    cells a row at N = 2048 where the backward's tables need 1345, and 64-row bands at 512 (577 cells) where they
+    need 128 (641): what the product kernel writes in every forward. With the three kernels' tiles alike (the
+    GPU's now, with and without dropout) the two layouts are one."""
+    tiles = {name: tiles_for(device, head_dim, name, dropout=dropout) for name in KERNEL_NAMES}
+
+    def layout(kernels: tuple[str, ...]) -> tuple[int, int, int]:
+        return _distance_layout(sat, nq, nk, [tiles[k] for k in kernels], far_tiles, head_dim, batch)
+
+    if KEEP_TABLES:
+        both = layout(KERNEL_NAMES)
+        return both, both
+    return layout(BACKWARD), layout(FORWARD)
+
+
 # How far the forward's distance tables reach on either side of distance 0 where far tiles occur (one band):
-# "tiles", as the backward's (`_distance_reach`: beyond the farthest pair of a near tile, the saturation plus the
-# largest BLOCK_M + BLOCK_N of the three kernels, 608 at v3's sat = 512 with the GPU's tiles: 1217 cells a row),
+# "tiles", as its tiles need (`_distance_reach`: beyond the farthest pair of a near tile, the saturation plus its
+# BLOCK_M + BLOCK_N, `_table_layouts`; 608 at v3's sat = 512 with the GPU's tiles: 1217 cells a row),
 # or "saturation", the saturation rounded up to `DIST_ALIGN` (512: 1025 cells, 16% fewer bytes written by the
 # product kernel per forward). Past the saturation every cell repeats a row's end, so a near tile's pairs beyond
 # the cut take the ends instead, as a far tile does: the forward's near tiles select per pair (``EDGES``,
@@ -1133,7 +1155,7 @@ class _Aux(NamedTuple):
     seed: Tensor | None  # the dropout seed (`_draw_seed`)
     cells: Tensor | None  # the distance tables' cells (`_distance_cells`)
     q_lut: Tensor | None  # the query rows' distance buffer's lookup table (`_mirrored`), where ROW is read
-    fwd_cells: Tensor | None  # the forward's cells where they are cut to the saturation (`_forward_cells`)
+    fwd_cells: Tensor | None  # the forward's cells where they differ (`_table_layouts`, `_forward_cells`)
 
 
 AUX_COUNT = len(_Aux._fields)  # `_Aux`'s tensors; the backward's ``aux`` may hold the kept tables after them
@@ -1155,7 +1177,9 @@ class _Config(NamedTuple):
     ij: bool
     far_tiles: bool
     drop_t: int
-    band: int
+    band: int  # the distance tables' rows per band (`_distance_layout`), the backward's
+    fwd_band: int  # and the forward's (`_table_layouts`)
+    edges: bool  # the forward's tables cut to the saturation (`FORWARD_REACH`, `_cuts_forward_tables`)
 
     def values(self) -> list[int]:
         """The op's ``config`` list (booleans travel as 0 / 1)."""
@@ -1164,8 +1188,9 @@ class _Config(NamedTuple):
     @classmethod
     def of(cls, values: list[int]) -> _Config:
         """The settings from the op's ``config`` list."""
-        sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = values
-        return cls(sat, c2p == 1, p2c == 1, p2p == 1, causal == 1, ij == 1, far_tiles == 1, drop_t, band)
+        sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band, fwd_band, edges = values
+        flags = (c2p, p2c, p2p, causal, ij, far_tiles)
+        return cls(sat, *(x == 1 for x in flags), drop_t, band, fwd_band, edges == 1)
 
 
 def _fwd(
@@ -1191,7 +1216,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
     backward may keep)."""
     dev = q.device
     lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, _, _, seed, cells, _, fwd_cells = _Aux(*aux)
-    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
+    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, _, band, edges = _Config.of(config)
     with _autocast_off(dev.type):
         B, H, NQ, D = q.shape
         NK = k.shape[2]
@@ -1212,7 +1237,7 @@ def _forward(q, k, v, pos_q, pos_k, aux, scale, config) -> tuple[Tensor, Tensor,
             kv_lo, kv_hi, out, lse, *_strides(q, k),
             H, B, NQ, NK, R, _log2_band(band), sat, TR, scale, **_dropout_args(seed, drop_t, dev),
             HEAD_DIM=D, **_launch(t), **_flags(q, row, col, q_seg, k_mask, causal, ij, drop_t > 0, far_tiles),
-            SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and fwd_cells is not None,
+            SKEW=skew, DIST=dist, WT=t.skew_width, EDGES=dist and edges,
             FAR_N=_far_keys(FORWARD_FAR_KEYS, t.block_n, dist and far_tiles, D, q_seg is not None, drop_t > 0),
         )  # fmt: skip
     return out, lse, inputs
@@ -1797,7 +1822,7 @@ def _bwd(
     lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut, _ = _Aux(
         *aux[:AUX_COUNT]
     )
-    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band = _Config.of(config)
+    sat, c2p, p2c, p2p, causal, ij, far_tiles, drop_t, band, _, _ = _Config.of(config)
     with _autocast_off(dev.type), _on_device(dev):  # (the custom op's body too, which a compiled graph calls)
         B, H, NQ, D = q.shape
         NK = k.shape[2]
@@ -2329,7 +2354,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
 
     c2p, p2c, p2p = (terms.c2p, terms.p2c, terms.p2p) if terms.any and rel is not None else (False,) * 3
     cells, band, q_lut = None, 0, None  # the distance tables' cells (`_distance_cells`), the query rows' LUT
-    fwd_cells = None  # the forward's, where they differ (`_forward_cells`)
+    fwd_cells, fwd_band, edges = None, 0, False  # the forward's, where they differ (`_table_layouts`)
     if c2p or p2c or p2p:
         # distances beyond the longest possible one never occur: cut the table there (smaller backward buffers)
         sat = rel.saturation
@@ -2344,17 +2369,21 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
         )
         q_lut = mirrored if c2p or p2p else None
         if (c2p or p2c) and _uses_distance(ij, p2p):
-            # one layout for both directions: from the tiles of the three kernels (those they run with dropout)
-            tiles = [tiles_for(device, D, name, dropout=drop_t > 0) for name in KERNEL_NAMES]
-            layout = _distance_layout(sat, NQ, NK, tiles, far_tiles, D, B)
-            band = layout[0]
-            cells = rel.cached(
-                ("triton-cells", sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout)
-            )
-            if _cuts_forward_tables(layout, far_tiles, sat):
-                fwd_cells = rel.cached(
-                    ("triton-cells-forward", sat, rows, layout, device), lambda: _forward_cells(cells, sat)
-                )
+            # the layouts of the backward's tables and of the forward's (`_table_layouts`)
+            layout, fwd_layout = _table_layouts(sat, NQ, NK, far_tiles, D, B, device, drop_t > 0)
+            band, fwd_band = layout[0], fwd_layout[0]
+
+            def cells_of(layout):
+                key = ("triton-cells", sat, rows, layout, device)
+                return rel.cached(key, lambda: _distance_cells(lut, sat, *layout))
+
+            cells = cells_of(layout)
+            edges = _cuts_forward_tables(fwd_layout, far_tiles, sat)
+            if edges:
+                key = ("triton-cells-forward", sat, rows, fwd_layout, device)
+                fwd_cells = rel.cached(key, lambda: _forward_cells(cells_of(fwd_layout), sat))
+            elif fwd_layout != layout:
+                fwd_cells = cells_of(fwd_layout)
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
@@ -2367,9 +2396,11 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
     v = _like(v.to(q.dtype), k)
     tokens = max(NQ, NK)
     row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
-    if cells is not None:  # the distance tables: padded rows of R + 1 cells
-        tokens = _distance_padded_rows(tokens, band)
-        row_stride = max(row_stride, cells.shape[2])
+    # the distance tables: padded rows of R + 1 cells (the forward's and the backward's)
+    if cells is not None:
+        both = [(band, cells)] + ([] if fwd_cells is None else [(fwd_band, fwd_cells)])
+        tokens = max(_distance_padded_rows(tokens, b) for b, _ in both)
+        row_stride = max(row_stride, *(c.shape[2] for _, c in both))
     if tokens * row_stride >= 2**31:
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {tokens} tokens × "
@@ -2379,7 +2410,7 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
     aux = _Aux(
         lut, q_pos, k_pos, q_seg, k_seg, k_mask, kv_lo, kv_hi, q_lo, q_hi, seed, cells, q_lut, fwd_cells
     )
-    config = _Config(int(sat), c2p, p2c, p2p, bool(geom.causal), ij, far_tiles, drop_t=drop_t, band=band)
+    config = _Config(int(sat), c2p, p2c, p2p, bool(geom.causal), ij, far_tiles, drop_t, band, fwd_band, edges)
     out, _ = _attention(
         q,
         k,

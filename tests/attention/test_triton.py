@@ -454,6 +454,75 @@ def test_forward_tables_cut_to_the_saturation_give_the_same_results(monkeypatch,
     _assert_same_bits(got, want)
 
 
+def _launch_arg(launches, kernel: str, name: str) -> int:
+    """Argument ``name`` of ``kernel``'s recorded launch (`triton_access.record_run`)."""
+    args, kwargs = launches[kernel]
+    return (
+        kwargs[name]
+        if name in kwargs
+        else args[getattr(triton_backend._kernels(), kernel).arg_names.index(name)]
+    )
+
+
+# tables of one band (far tiles, padding) and, unsaturated at its length (no far tile), of bands: at 140 tokens
+# the forward's 16-row bands (161 cells a row) against the one band (289 cells) a 64-key dK/dV tile needs
+OWN_LAYOUT_CASES = {
+    "one_band": Case(n=150, batch=2, key_lengths=(150, 97)),
+    "bands": Case(n=140, batch=2, rel=RelativeIndex(span=256), key_lengths=(140, 101)),
+}
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
+@pytest.mark.parametrize("name", OWN_LAYOUT_CASES)
+def test_forward_reads_tables_laid_out_for_its_own_tiles(monkeypatch, name):
+    """The forward's distance tables are laid out for its tiles, the backward's for its two kernels'
+    (`_table_layouts`): with dK/dV at 16x64 (the others at the interpreter's 16x16) the backward's tables reach
+    further or run in longer bands; the forward's stay as they are without it (reach, bands, and so its output
+    bit for bit), and output and gradients match eager; cut to the saturation (`FORWARD_REACH`), the forward's
+    own tables are cut. Where the backward reads the forward's tables (`KEEP_TABLES`), one layout serves the
+    three kernels."""
+    from debertakit.attention.triton_access import record_run
+
+    c = OWN_LAYOUT_CASES[name]
+    geom, inputs = _geometry(c, DEVICE), _inputs(c, torch.float32, DEVICE)
+
+    def layouts(launches) -> dict[str, tuple[int, int]]:
+        return {
+            k: (_launch_arg(launches, k, "R"), _launch_arg(launches, k, "LOG2_BAND"))
+            for k in launches
+            if k in triton_backend.KERNEL_NAMES
+        }
+
+    with record_run("triton_kernels.py") as (_, launches):
+        want = _run(triton_attention, c, inputs, geom)
+    alike = layouts(launches)
+    assert len(set(alike.values())) == 1, alike  # the same tiles: one layout
+    monkeypatch.setitem(triton_backend.TILE_OVERRIDES, "_dkv_kernel", Tiles(16, 64, 1, 1))
+    with record_run("triton_kernels.py") as (_, launches):
+        got = _run(triton_attention, c, inputs, geom)
+    wide = layouts(launches)
+    assert wide["_fwd_kernel"] == alike["_fwd_kernel"] != wide["_dq_kernel"] == wide["_dkv_kernel"], wide
+    if name == "one_band":  # farther: the saturation plus 16 + 64
+        assert (
+            wide["_dq_kernel"][0] > alike["_dq_kernel"][0] and wide["_dq_kernel"][1] == alike["_dq_kernel"][1]
+        )
+    else:  # one band of 289 cells a row (LOG2_BAND 30) where the forward reads 16-row bands (4)
+        assert (alike["_fwd_kernel"][1], wide["_dq_kernel"][1]) == (4, 30), wide
+    assert torch.equal(got[0], want[0])  # the forward's output: its tables' cells the same
+    _compare(c, torch.float32, DEVICE)
+    if name == "one_band":  # and cut to the saturation (`FORWARD_REACH`) from its own, the output the same
+        monkeypatch.setattr(triton_backend, "FORWARD_REACH", "saturation")
+        with record_run("triton_kernels.py") as (_, launches):
+            cut = _run(triton_attention, c, inputs, geom)
+        assert layouts(launches)["_fwd_kernel"][0] // 2 == triton_backend._aligned(c.rel.saturation)
+        assert launches["_fwd_kernel"][1]["EDGES"] and torch.equal(cut[0], want[0])
+        monkeypatch.setattr(triton_backend, "FORWARD_REACH", "tiles")
+    monkeypatch.setattr(triton_backend, "KEEP_TABLES", True)
+    with record_run("triton_kernels.py") as (_, launches):
+        _compare(c, torch.float32, DEVICE)
+    assert len(set(layouts(launches).values())) == 1, layouts(launches)
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="records the interpreter's launches")
 @pytest.mark.parametrize(
     "name, keep", [("n7", False), ("packed_short_sequences", False), ("n70_saturating", True)]
@@ -2123,9 +2192,10 @@ def test_distance_tables_only_where_they_apply(monkeypatch):
 
 
 def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch):
-    """The reach counts the largest tiles of the kernels as they run: with dropout, those of `DROPOUT_TILES`.
-    Here the dK/dV kernel runs a dropout tile larger than every inference tile: the reach widens, and the
-    gradients it gives (its near tiles reach farther) still equal eager's with the kernels' mask."""
+    """The reach counts the largest tiles of the kernels that read the tables as they run: with dropout, those
+    of `DROPOUT_TILES`. Here the dK/dV kernel runs a dropout tile larger than every inference tile: the
+    backward's reach widens, the forward's stays its tiles' (`_table_layouts`), and the gradients it gives
+    (its near tiles reach farther) still equal eager's with the kernels' mask."""
     c = GRID["n70_saturating"]
     _near_band(monkeypatch, "distance")
     reaches = _distance_reaches(monkeypatch)
@@ -2135,8 +2205,8 @@ def test_distance_reach_spans_the_tiles_the_kernels_run_with_dropout(monkeypatch
     ))  # fmt: skip
     _run(triton_attention, c, _inputs(c, torch.float32, DEVICE), _geometry(c, DEVICE))
     _compare_with_dropout(monkeypatch, c, torch.float32, DEVICE, 0.3)
-    assert len(reaches) == 4 and reaches[0] == reaches[1] and reaches[2] == reaches[3], reaches
-    assert reaches[2] > reaches[0], reaches
+    # forward and backward without dropout, then with: only the backward with dropout reads farther
+    assert len(reaches) == 4 and reaches[0] == reaches[1] == reaches[2] < reaches[3], reaches
 
 
 # ------------------------------------------------------------------------------------------------- dropout
@@ -5124,7 +5194,7 @@ def test_custom_ops_take_their_inputs_in_few_arguments():
     for name in ("disentangled_attention_fwd", "disentangled_attention_bwd"):
         schema = getattr(torch.ops.debertakit, name).default._schema
         assert len(schema.arguments) <= 11, (name, len(schema.arguments))
-    assert triton_backend._Config.of([512, 1, 0, 1, 0, 1, 1, 7, 64]) == (
+    assert triton_backend._Config.of([512, 1, 0, 1, 0, 1, 1, 7, 64, 32, 1]) == (
         512,
         True,
         False,
@@ -5134,6 +5204,8 @@ def test_custom_ops_take_their_inputs_in_few_arguments():
         True,
         7,
         64,
+        32,
+        True,
     )
     with pytest.raises(ValueError):  # a config of another length
         triton_backend._Config.of([512, 1, 0])
