@@ -275,10 +275,10 @@ def _distance_layout(
     the cells written, plus, for more than one batch row, the copy of q / k into band-major order
     (`_band_product`: a row of ``head_dim`` read and written). At N = 128, 64-row bands write 193 cells a row
     against 257, but with the copy move more."""
-    one = (0, 1, 2 * _distance_reach(sat, nq, nk, max(t.block_m + t.block_n for t in tiles)) + 1)
+    span, band = _layout_sides(tiles)  # tile sides are powers of two, 16 or more
+    one = (0, 1, 2 * _distance_reach(sat, nq, nk, span) + 1)
     if far_tiles or nq != nk:
         return one
-    band = max(max(t.block_m, t.block_n) for t in tiles)  # tile sides are powers of two, 16 or more
     rows = triton_cdiv(nq, band) * band
     banded = (band, rows // band, rows + band + 1)
     copy = 2 * head_dim if batch > 1 else 0
@@ -298,15 +298,18 @@ def _table_layouts(
     cells a row at N = 2048 where the backward's tables need 1345, and 64-row bands at 512 (577 cells) where they
     need 128 (641): what the product kernel writes in every forward. With the three kernels' tiles alike (the
     GPU's now, with and without dropout) the two layouts are one."""
-    tiles = {name: tiles_for(device, head_dim, name, dropout=dropout) for name in KERNEL_NAMES}
+    tiles = [tiles_for(device, head_dim, name, dropout=dropout) for name in KERNEL_NAMES]  # forward first
+    forward, backward = (tiles, tiles) if KEEP_TABLES else (tiles[:1], tiles[1:])
+    layout = _distance_layout(sat, nq, nk, backward, far_tiles, head_dim, batch)
+    if _layout_sides(forward) == _layout_sides(backward):  # (every call: a layout computed once where it can)
+        return layout, layout
+    return layout, _distance_layout(sat, nq, nk, forward, far_tiles, head_dim, batch)
 
-    def layout(kernels: tuple[str, ...]) -> tuple[int, int, int]:
-        return _distance_layout(sat, nq, nk, [tiles[k] for k in kernels], far_tiles, head_dim, batch)
 
-    if KEEP_TABLES:
-        both = layout(KERNEL_NAMES)
-        return both, both
-    return layout(BACKWARD), layout(FORWARD)
+def _layout_sides(tiles: list[Tiles]) -> tuple[int, int]:
+    """What `_distance_layout` reads of ``tiles``: the largest BLOCK_M + BLOCK_N (the reach) and longest side (the
+    bands)."""
+    return max(t.block_m + t.block_n for t in tiles), max(max(t.block_m, t.block_n) for t in tiles)
 
 
 # How far the forward's distance tables reach on either side of distance 0 where far tiles occur (one band):
@@ -518,6 +521,11 @@ def _distance_cells(lut: Tensor, sat: int, band: int, bands: int, cells: int) ->
     dist = first[:, None] - torch.arange(cells, device=lut.device)  # (bands, cells): i - j of ROW's cells
     lut = lut.long()
     return torch.stack([lut[dist.clamp(-sat, sat) + sat], lut[(-dist).clamp(-sat, sat) + sat]])
+
+
+def _cells(rel, lut: Tensor, sat: int, rows: int, layout: tuple[int, int, int], device) -> Tensor:
+    """`_distance_cells` of ``layout``, kept with the mapping ``rel`` (it depends on the geometry alone)."""
+    return rel.cached(("triton-cells", sat, rows, layout, device), lambda: _distance_cells(lut, sat, *layout))
 
 
 def _distance_tables(
@@ -2372,18 +2380,15 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
             # the layouts of the backward's tables and of the forward's (`_table_layouts`)
             layout, fwd_layout = _table_layouts(sat, NQ, NK, far_tiles, D, B, device, drop_t > 0)
             band, fwd_band = layout[0], fwd_layout[0]
-
-            def cells_of(layout):
-                key = ("triton-cells", sat, rows, layout, device)
-                return rel.cached(key, lambda: _distance_cells(lut, sat, *layout))
-
-            cells = cells_of(layout)
+            cells = _cells(rel, lut, sat, rows, layout, device)
             edges = _cuts_forward_tables(fwd_layout, far_tiles, sat)
             if edges:
                 key = ("triton-cells-forward", sat, rows, fwd_layout, device)
-                fwd_cells = rel.cached(key, lambda: _forward_cells(cells_of(fwd_layout), sat))
+                fwd_cells = rel.cached(
+                    key, lambda: _forward_cells(_cells(rel, lut, sat, rows, fwd_layout, device), sat)
+                )
             elif fwd_layout != layout:
-                fwd_cells = cells_of(fwd_layout)
+                fwd_cells = _cells(rel, lut, sat, rows, fwd_layout, device)
         if hi - lo < rows:
             pos_q, pos_k = (None if t is None else t[:, lo:hi] for t in (pos_q, pos_k))
     else:
