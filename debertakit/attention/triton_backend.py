@@ -2401,11 +2401,9 @@ def _made(q, k, v, pos_q, pos_k, rel, geom, scale, terms, dropout_p, return_prob
     v = _like(v.to(q.dtype), k)
     tokens = max(NQ, NK)
     row_stride = max(D, rows, _distance_stride(sat), q.stride(2), k.stride(2))
-    # the distance tables: padded rows of R + 1 cells (the forward's and the backward's)
-    if cells is not None:
-        both = [(band, cells)] + ([] if fwd_cells is None else [(fwd_band, fwd_cells)])
-        tokens = max(_distance_padded_rows(tokens, b) for b, _ in both)
-        row_stride = max(row_stride, *(c.shape[2] for _, c in both))
+    if cells is not None:  # the distance tables (the backward's, the forward's): padded rows of R + 1 cells
+        tokens = max(_distance_padded_rows(tokens, b) for b in (band, fwd_band))
+        row_stride = max(row_stride, *(c.shape[2] for c in (cells, fwd_cells) if c is not None))
     if tokens * row_stride >= 2**31:
         raise ValueError(
             f"the triton backend indexes one (batch, head) with 32-bit offsets; {tokens} tokens × "
