@@ -183,18 +183,27 @@ def _projection_layout(t: torch.Tensor) -> torch.Tensor:
 GPU_FLOAT32_TOLERANCE = 1e-4
 
 
-def _compare(c: Case, dtype: torch.dtype, device: str, geom: Geometry | None = None) -> None:
-    """`triton_attention` against `eager_attention` on case ``c`` (its own geometry unless ``geom`` is given)."""
+def _compare(
+    c: Case, dtype: torch.dtype, device: str, geom: Geometry | None = None, call_scale: bool = False
+) -> None:
+    """`triton_attention` against `eager_attention` on case ``c`` (its own geometry unless ``geom`` is given;
+    ``call_scale``: `_assert_close`'s)."""
     geom = _geometry(c, device) if geom is None else geom
     inputs = _inputs(c, dtype, device)
     out, grads = _run(triton_attention, c, inputs, geom)
     ref, ref_grads = _run(eager_attention, c, _reference_inputs(inputs, device), geom, _grad_out(out))
-    _assert_close(c, inputs, dtype, (out, *grads), (ref, *ref_grads))
+    _assert_close(c, inputs, dtype, (out, *grads), (ref, *ref_grads), call_scale)
 
 
-def _assert_close(c: Case, inputs, dtype: torch.dtype, got, want) -> None:
+def _assert_close(c: Case, inputs, dtype: torch.dtype, got, want, call_scale: bool = False) -> None:
     """Output and gradients (out, dq, dk, dv, dpos_q?, dpos_k?) within the grid's tolerance for ``dtype``, against
-    a reference of that dtype or (on a GPU, `_reference_inputs`) of float32."""
+    a reference of that dtype or (on a GPU, `_reference_inputs`) of float32; in 16 bits relative to each
+    tensor's largest value, or with ``call_scale`` the gradients taken from the score gradients (dq, dk and the
+    position tables') relative to the largest reference gradient of the call: the backward's rounding of dS
+    (rowsum(dO ∘ O) from the 16-bit output, as FlashAttention's; P in 16 bits) is at that scale, and a gradient
+    whose terms cancel keeps it (a row whose visible keys all lie beyond the saturation on one side sums its dS
+    to a table gradient of 0, a causal row of one visible key its dS to a dq of 0: the random grid's 16-bit
+    cases gave 1e-3 there where eager's 16-bit autograd gives 1e-8, `tests/attention/half_precision_sweep.py`)."""
     names = ["out", "dq", "dk", "dv", "dpos_q", "dpos_k"]
     names = names[:4] + [n for n, t in zip(names[4:], inputs[3:]) if t is not None]
     for name, a, b in zip(names, got, want, strict=True):
@@ -207,7 +216,10 @@ def _assert_close(c: Case, inputs, dtype: torch.dtype, got, want) -> None:
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
         else:
             err = (a.float() - b.float()).abs().max().item()
-            bound = HALF_TOLERANCE[dtype] * max(b.float().abs().max().item(), 1e-3)
+            scale = b.float().abs().max().item()
+            if call_scale and name not in ("out", "dv"):
+                scale = max(w.float().abs().max().item() for w in want[1:])
+            bound = HALF_TOLERANCE[dtype] * max(scale, 1e-3)
             assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g}"
 
 
@@ -1677,6 +1689,7 @@ RANDOM_TERMS = (
     PositionTerms(c2p=False, p2c=True),
     PositionTerms(c2p=True, p2c=True, p2p=True),
 )
+RANDOM_LENGTHS = (1, 2, 5, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 80, 97)
 RANDOM_CASES = 24  # in the default run (about half a minute in the interpreter)
 RANDOM_SLOW_CASES = 400  # `pytest -m slow`
 # with dropout 0.3: in the default run, and with `pytest -m slow`
@@ -1684,10 +1697,11 @@ RANDOM_DROPOUT_CASES = 8
 RANDOM_SLOW_DROPOUT_CASES = 150
 
 
-def _random_case(seed: int) -> tuple[Case, str, dict[str, Tiles]]:
-    """Case ``seed`` of the random grid: the case, its near-band road and the tiles it overrides."""
+def _random_case(seed: int, lengths: tuple[int, ...] = RANDOM_LENGTHS) -> tuple[Case, str, dict[str, Tiles]]:
+    """Case ``seed`` of the random grid: the case, its near-band road and the tiles it overrides; its length
+    one of ``lengths``."""
     rng = random.Random(seed)
-    n = rng.choice([1, 2, 5, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 80, 97])
+    n = rng.choice(lengths)
     batch = rng.choice([1, 1, 2, 3])
     kw = dict(n=n, batch=batch, heads=rng.choice([1, 2]), dim=rng.choice([8, 16, 32, 64]))
     kw.update(rel=rng.choice(RANDOM_TABLES), terms=rng.choice(RANDOM_TERMS), causal=rng.random() < 0.3)
@@ -1714,11 +1728,22 @@ def _random_case(seed: int) -> tuple[Case, str, dict[str, Tiles]]:
     return Case(**kw), road, tiles if DEVICE == "cpu" else {}
 
 
-def _compare_random(monkeypatch, seed: int, dropout: float = 0.0) -> None:
-    c, road, tiles = _random_case(seed)
+def _compare_random(
+    monkeypatch,
+    seed: int,
+    dropout: float = 0.0,
+    settings: bool = False,
+    lengths: tuple[int, ...] = RANDOM_LENGTHS,
+) -> None:
+    """Case ``seed`` of the random grid (of one of ``lengths``) against `eager` in float32 (with ``dropout``,
+    eager's probabilities times the kernels' mask), or with ``settings`` under settings ``seed``
+    (`_compare_under_random_settings`)."""
+    c, road, tiles = _random_case(seed, lengths)
     _near_band(monkeypatch, road)
     monkeypatch.setattr(triton_backend, "TILE_OVERRIDES", tiles)
-    if dropout:
+    if settings:
+        _compare_under_random_settings(monkeypatch, seed, c, DEVICE)
+    elif dropout:
         _compare_with_dropout(monkeypatch, c, torch.float32, DEVICE, dropout, check_rate=False)
     else:
         _compare(c, torch.float32, DEVICE)
@@ -1745,6 +1770,106 @@ def test_random_cases_with_dropout_match_eager_float32(monkeypatch, seed):
 @pytest.mark.parametrize("seed", range(RANDOM_DROPOUT_CASES, RANDOM_SLOW_DROPOUT_CASES))
 def test_random_cases_with_dropout_match_eager_float32_slow(monkeypatch, seed):
     _compare_random(monkeypatch, seed, dropout=0.3)
+
+
+# Random settings: beside each random case, one value of each of the backend's settings below, drawn per seed
+# (`_random_settings`): the opt-in ones that the GPU suite times against the defaults and a lease may make the
+# defaults (the forward's and dQ's wide far blocks, the forward's tables cut to the saturation, the folds' sums by
+# cell), and the alternatives kept for timing (the tables' and folds' launches and kernels, the gradients'
+# stores and bands, the tables kept for the backward, one near run or three). A setting is built and tested over
+# the named cases it was made for; drawn here it also meets the shapes no one thought of, in every dtype (several
+# take effect in 16 bits only: the tables' product kernel, the folds' kernels), with dropout or without. The
+# distance buffers are poisoned (`POISON_DISTANCE_BUFFERS`): a cell the kernels should write and miss is NaN in a
+# gradient. PyTorch's deterministic algorithms are drawn too (`_into_rows`' fixed order). In 16 bits the
+# gradients taken from dS are compared at the call's scale (`_assert_close`).
+RANDOM_SETTINGS = {
+    "FORWARD_FAR_KEYS": (None, 32, 64, 128),
+    "DQ_FAR_KEYS": (None, 32, 64),
+    "FORWARD_REACH": triton_backend.FORWARD_REACH_MODES,
+    "FOLD_SUMS_REDUCTION": triton_backend.FOLD_SUMS_REDUCTION_MODES,
+    "KEEP_TABLES": (False, True),
+    "ONE_NEAR_RUN": (True, False),
+    "DISTANCE_PRODUCT": triton_backend.DISTANCE_PRODUCT_MODES,
+    "PRODUCT_LAUNCHES": triton_backend.PRODUCT_LAUNCHES_MODES,
+    "PRODUCT_PROGRAMS": triton_backend.PRODUCT_PROGRAMS_MODES,
+    "PRODUCT_EDGES": triton_backend.PRODUCT_EDGES_MODES,
+    "PRODUCT_STORES": triton_backend.PRODUCT_STORES_MODES,
+    "GRADIENT_BANDS": (True, False),
+    "GRADIENT_STORES": triton_backend.GRADIENT_STORES_MODES,
+    "FOLD_LAUNCHES": triton_backend.FOLD_LAUNCHES_MODES,
+    "FOLD_PRODUCT": triton_backend.FOLD_PRODUCT_MODES,
+    "FOLD_SUMS": triton_backend.FOLD_SUMS_MODES,
+}
+RANDOM_SETTINGS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+RANDOM_SETTINGS_CASES = 16  # in the default run
+RANDOM_SLOW_SETTINGS_CASES = 300  # `pytest -m slow`
+
+
+def _random_settings(seed: int) -> tuple[dict, torch.dtype, bool, float]:
+    """Settings ``seed`` of the random grid: a value of each of `RANDOM_SETTINGS`, the inputs' dtype, whether
+    PyTorch's deterministic algorithms are on, and the dropout (0 or 0.3). Drawn apart from `_random_case` (a
+    stream of its own), so that the random cases stay those they were."""
+    rng = random.Random(f"settings {seed}")
+    settings = {name: rng.choice(values) for name, values in RANDOM_SETTINGS.items()}
+    return settings, rng.choice(RANDOM_SETTINGS_DTYPES), rng.random() < 0.25, 0.3 * (rng.random() < 0.25)
+
+
+@pytest.mark.parametrize("seed", range(RANDOM_SETTINGS_CASES))
+def test_random_cases_under_random_settings_match_eager(monkeypatch, seed):
+    _compare_random(monkeypatch, seed, settings=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(RANDOM_SETTINGS_CASES, RANDOM_SLOW_SETTINGS_CASES))
+def test_random_cases_under_random_settings_match_eager_slow(monkeypatch, seed):
+    _compare_random(monkeypatch, seed, settings=True)
+
+
+# The random grid's lengths stop at 97, where a far run of the random tables (saturating at 3 to 16) holds at
+# most one block of 64 keys and none of 128: these lengths give the wide far blocks whole runs of them, and the
+# distance tables rows of more cells than a fold-sums program owns (56). Seeds of their own, so that their
+# settings are other draws than the short cases'.
+RANDOM_LONG_LENGTHS = (129, 150, 200, 257, 320)
+RANDOM_LONG_SEEDS = range(10_000, 10_002)  # in the default run (about 10 s in the interpreter)
+RANDOM_SLOW_LONG_SEEDS = range(10_002, 10_040)  # `pytest -m slow`
+
+
+@pytest.mark.parametrize("seed", RANDOM_LONG_SEEDS)
+def test_long_random_cases_under_random_settings_match_eager(monkeypatch, seed):
+    _compare_random(monkeypatch, seed, settings=True, lengths=RANDOM_LONG_LENGTHS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", RANDOM_SLOW_LONG_SEEDS)
+def test_long_random_cases_under_random_settings_match_eager_slow(monkeypatch, seed):
+    _compare_random(monkeypatch, seed, settings=True, lengths=RANDOM_LONG_LENGTHS)
+
+
+def _compare_under_random_settings(monkeypatch, seed: int, c: Case, device: str) -> None:
+    """Case ``c`` under settings ``seed`` (`_random_settings`: the settings, the dtype, the deterministic
+    algorithms, the dropout) against `eager` (with dropout, eager's probabilities times the kernels' mask), the
+    distance buffers poisoned, in 16 bits at the call's scale (`_assert_close`)."""
+    values, dtype, deterministic, dropout = _random_settings(seed)
+    monkeypatch.setattr(triton_backend, "POISON_DISTANCE_BUFFERS", True)
+    for name, value in values.items():
+        monkeypatch.setattr(triton_backend, name, value)
+    with deterministic_algorithms(monkeypatch) if deterministic else contextlib.nullcontext():
+        if dropout:
+            _compare_with_dropout(monkeypatch, c, dtype, device, dropout, check_rate=False, call_scale=True)
+        else:
+            _compare(c, dtype, device, call_scale=True)
+
+
+def test_random_settings_cover_every_value():
+    """Within the default run's seeds every value of every setting is drawn, in every dtype, with and without
+    deterministic algorithms; and the settings are the backend's (a renamed one fails here, not silently)."""
+    drawn = [_random_settings(seed) for seed in range(RANDOM_SETTINGS_CASES)]
+    for name, values in RANDOM_SETTINGS.items():
+        assert hasattr(triton_backend, name), name
+        assert {settings[name] for settings, _, _, _ in drawn} == set(values), name
+    assert {dtype for _, dtype, _, _ in drawn} == set(RANDOM_SETTINGS_DTYPES)
+    assert {deterministic for _, _, deterministic, _ in drawn} == {False, True}
+    assert {dropout for _, _, _, dropout in drawn} == {0.0, 0.3}
 
 
 def test_random_cases_cover_the_grid():
@@ -2247,11 +2372,17 @@ def _eager_with_mask(c: Case, inputs, geom: Geometry, keep: torch.Tensor, p: flo
 
 
 def _compare_with_dropout(
-    monkeypatch, c: Case, dtype: torch.dtype, device: str, p: float, check_rate: bool = True
+    monkeypatch,
+    c: Case,
+    dtype: torch.dtype,
+    device: str,
+    p: float,
+    check_rate: bool = True,
+    call_scale: bool = False,
 ) -> None:
     """The kernels' forward and backward with dropout ``p`` against eager times the mask `dropout_keep_mask`
     materialises for the call's seed: output and every gradient (and, with ``check_rate``, that the mask keeps
-    about 1 - p: not for the random grid's cases of a handful of pairs)."""
+    about 1 - p: not for the random grid's cases of a handful of pairs; ``call_scale``: `_assert_close`'s)."""
     seeds = _record_seeds(monkeypatch)
     geom = _geometry(c, device)
     inputs = _inputs(c, dtype, device)
@@ -2261,7 +2392,7 @@ def _compare_with_dropout(
     if check_rate:
         assert abs(keep.float().mean().item() - (1 - p)) < 0.15
     want = _eager_with_mask(c, _reference_inputs(inputs, device), geom, keep, p, _grad_out(got[0]))
-    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]))
+    _assert_close(c, inputs, dtype, (got[0], *got[1]), (want[0], *want[1]), call_scale)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -3228,6 +3359,17 @@ def test_dq_far_tiles_in_wide_blocks_match_eager_gpu(monkeypatch, case):
     wide = [far > block for block, far in blocks["_dq_kernel"]]
     packed = case.cu_seqlens is not None
     assert wide == [not packed, not packed and case.dim <= 64, not packed], blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(20_000, 20_006))
+def test_random_settings_at_real_sizes_match_eager_gpu(monkeypatch, seed):
+    """The random settings (`_random_settings`, seeds of their own) at real sizes: one of `GPU_FAR_CASES` a seed
+    (v3 tables and far tiles, padded, packed and causal, head dim 128), the GPU's tiles and compiled kernels
+    (the product kernel's tensor-memory stores among the draws), against eager. What a lease runs before it
+    makes an opt-in setting the default."""
+    case = list(GPU_FAR_CASES.values())[seed % len(GPU_FAR_CASES)]
+    _compare_under_random_settings(monkeypatch, seed, case, "cuda")
 
 
 GPU_DISTANCE_I_MINUS_J = [name for name, c in GPU_GRID.items() if c.q_offset is None]
