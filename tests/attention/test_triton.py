@@ -1691,6 +1691,7 @@ RANDOM_TERMS = (
     PositionTerms(c2p=True, p2c=True, p2p=True),
 )
 RANDOM_LENGTHS = (1, 2, 5, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 80, 97)
+RANDOM_DIMS = (8, 16, 32, 64)
 RANDOM_CASES = 24  # in the default run (about half a minute in the interpreter)
 RANDOM_SLOW_CASES = 400  # `pytest -m slow`
 # with dropout 0.3: in the default run, and with `pytest -m slow`
@@ -1698,13 +1699,15 @@ RANDOM_DROPOUT_CASES = 8
 RANDOM_SLOW_DROPOUT_CASES = 150
 
 
-def _random_case(seed: int, lengths: tuple[int, ...] = RANDOM_LENGTHS) -> tuple[Case, str, dict[str, Tiles]]:
+def _random_case(
+    seed: int, lengths: tuple[int, ...] = RANDOM_LENGTHS, dims: tuple[int, ...] = RANDOM_DIMS
+) -> tuple[Case, str, dict[str, Tiles]]:
     """Case ``seed`` of the random grid: the case, its near-band road and the tiles it overrides; its length
-    one of ``lengths``."""
+    one of ``lengths``, its head dim one of ``dims``."""
     rng = random.Random(seed)
     n = rng.choice(lengths)
     batch = rng.choice([1, 1, 2, 3])
-    kw = dict(n=n, batch=batch, heads=rng.choice([1, 2]), dim=rng.choice([8, 16, 32, 64]))
+    kw = dict(n=n, batch=batch, heads=rng.choice([1, 2]), dim=rng.choice(dims))
     kw.update(rel=rng.choice(RANDOM_TABLES), terms=rng.choice(RANDOM_TERMS), causal=rng.random() < 0.3)
     kind = rng.choice(["plain", "padding", "padding", "packed", "cross", "explicit"])
     if kind == "padding":
@@ -1738,8 +1741,8 @@ def _compare_random(
 ) -> None:
     """Case ``seed`` of the random grid (of one of ``lengths``) against `eager` in float32 (with ``dropout``,
     eager's probabilities times the kernels' mask), or with ``settings`` under settings ``seed``
-    (`_compare_under_random_settings`)."""
-    c, road, tiles = _random_case(seed, lengths)
+    (`_compare_under_random_settings`; head dims up to 128, `RANDOM_SETTINGS_DIMS`)."""
+    c, road, tiles = _random_case(seed, lengths, RANDOM_SETTINGS_DIMS if settings else RANDOM_DIMS)
     _near_band(monkeypatch, road)
     monkeypatch.setattr(triton_backend, "TILE_OVERRIDES", tiles)
     if settings:
@@ -1802,6 +1805,9 @@ RANDOM_SETTINGS = {
     "FOLD_SUMS": triton_backend.FOLD_SUMS_MODES,
 }
 RANDOM_SETTINGS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# and head dims up to 128, where the wide far blocks narrow (`triton_backend._far_keys`) and float32 folds take
+# the matmuls (`_fold_kernels_serve`)
+RANDOM_SETTINGS_DIMS = (8, 16, 32, 64, 128)
 RANDOM_SETTINGS_CASES = 16  # in the default run
 RANDOM_SLOW_SETTINGS_CASES = 300  # `pytest -m slow`
 
@@ -1863,8 +1869,8 @@ def _compare_under_random_settings(monkeypatch, seed: int, c: Case, device: str)
 
 def test_random_settings_cover_every_value():
     """Within the default run's seeds every value of every setting is drawn, in every dtype, with and without
-    deterministic algorithms and dropout; and the settings are the backend's (a renamed one fails here, not
-    silently)."""
+    deterministic algorithms and dropout, and every head dim of `RANDOM_SETTINGS_DIMS`; and the settings are the
+    backend's (a renamed one fails here, not silently)."""
     drawn = [_random_settings(seed) for seed in range(RANDOM_SETTINGS_CASES)]
     for name, values in RANDOM_SETTINGS.items():
         assert hasattr(triton_backend, name), name
@@ -1872,6 +1878,8 @@ def test_random_settings_cover_every_value():
     assert {dtype for _, dtype, _, _ in drawn} == set(RANDOM_SETTINGS_DTYPES)
     assert {deterministic for _, _, deterministic, _ in drawn} == {False, True}
     assert {dropout for _, _, _, dropout in drawn} == {0.0, 0.3}
+    cases = [_random_case(seed, dims=RANDOM_SETTINGS_DIMS)[0] for seed in range(RANDOM_SETTINGS_CASES)]
+    assert {c.dim for c in cases} == set(RANDOM_SETTINGS_DIMS)
 
 
 def test_random_cases_cover_the_grid():
